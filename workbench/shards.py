@@ -190,7 +190,10 @@ class ShardPlan:
 
 
 def _check_row(bp: BucketPlan, n: int, pad_rows: bool, require_axis0: bool) -> None:
-    for p in bp.spec.params:
+    spec = bp.spec
+    if not require_axis0 and (pad_rows or not (spec.sizes % n).any()) and all(p.shape for p in spec.params):
+        return  # fast path; the loop below only runs to name the parameter at fault
+    for p in spec.params:
         if not p.shape:
             raise ValueError(f"Parameter '{p.path}' is a scalar (shape ()); the row layout cannot reshape it to ({n}, -1).")
         if require_axis0 and p.shape[0] % n:

@@ -1,0 +1,53 @@
+"""Kernel-side setup shared by every notebook (the precondition cell calls :func:`setup`).
+
+Two environment switches, read here so notebooks hold no logic:
+
+* ``WORKBENCH_EXPORT=1`` -- the notebook is being executed for an HTML export:
+  figures also carry plotly's ``notebook`` output, which embeds plotly.js once,
+  so the exported page works offline. Otherwise figures are emitted as plotly's
+  JSON mimetype only, which is deterministic (what nbval compares) and small.
+* ``WORKBENCH_SMALL=1`` -- CI configuration: notebooks use small sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NotebookSettings:
+    """What the precondition cell learned about this run."""
+
+    export: bool
+    small: bool
+    renderer: str
+
+
+def env_flag(name: str) -> bool:
+    """True when the environment variable ``name`` is set to 1/true/yes."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def setup() -> NotebookSettings:
+    """Configure plotly's renderer for interactive use, nbval, or export."""
+    import plotly.io as pio
+
+    export = env_flag("WORKBENCH_EXPORT")
+    renderer = "plotly_mimetype+notebook" if export else "plotly_mimetype"
+    pio.renderers.default = renderer
+    return NotebookSettings(export=export, small=env_flag("WORKBENCH_SMALL"), renderer=renderer)
+
+
+def describe_environment() -> dict[str, str]:
+    """Versions of the packages the notebooks depend on (for a precondition cell)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("numpy", "plotly", "ipywidgets", "mlx", "jax", "flax", "optax"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
