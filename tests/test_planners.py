@@ -237,3 +237,27 @@ def test_single_shard_owns_everything_without_padding():
         plan = plan_shards(plan_buckets(spec), 1, layout)
         assert plan.rank_owned_bytes.tolist() == [spec.nbytes]
         assert plan.padding_bytes == 0 and plan.num_split_arrays == 0
+
+
+def test_bucket_summary_reports_the_plan():
+    # fp32: a = 1024 B closes bucket 0; b + c + d = 512 + 32 + 800 B closes bucket 1; e = 32 B is the tail.
+    spec = ModelSpec.from_shapes({"a": (256,), "b": (4, 32), "c": (8,), "d": (200,), "e": (8,)})
+    plan = plan_buckets(spec, 1024)
+    s = plan.summary()
+    assert s["num_buckets"] == plan.num_buckets == 3 and s["num_allreduces_per_step"] == 3
+    assert (s["min_bucket_bytes"], s["max_bucket_bytes"]) == (32, 1344)
+    assert s["num_under_threshold"] == 1 and s["max_arrays_per_bucket"] == 3
+    assert plan.busiest_bucket() == 1 and plan.bucket_paths(1) == ["b", "c", "d"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=model_specs(max_params=10, dtypes=DTYPES), cap=st.integers(0, 600), n=st.integers(1, 6),
+       layout=st.sampled_from(["flat", "greedy"]))
+def test_rank_slices_of_one_bucket_are_that_buckets_share_of_all(spec, cap, n, layout):
+    plan = plan_shards(plan_buckets(spec, cap), n, layout)
+    for r in range(n):
+        every = plan.rank_slices(r)
+        per_bucket = [s for b in range(plan.buckets.num_buckets) for s in plan.rank_slices(r, b)]
+        assert per_bucket == every
+    with pytest.raises(ValueError, match="bucket"):
+        plan.rank_slices(0, plan.buckets.num_buckets)

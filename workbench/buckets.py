@@ -158,6 +158,25 @@ class BucketPlan:
         """Collectives a DDP step makes with this plan (one all-reduce per bucket)."""
         return self.num_buckets
 
+    def summary(self) -> dict:
+        """The plan's headline numbers (one row of a comparison table)."""
+        b = self.bucket_bytes
+        return {
+            "policy": self.policy.name,
+            "communication_size_bytes": self.communication_size,
+            "num_buckets": self.num_buckets,
+            "num_allreduces_per_step": self.num_allreduces_per_step,
+            "num_under_threshold": self.num_under_threshold,
+            "min_bucket_bytes": int(b.min()) if len(b) else 0,
+            "median_bucket_bytes": float(np.median(b)) if len(b) else 0.0,
+            "max_bucket_bytes": int(b.max()) if len(b) else 0,
+            "max_arrays_per_bucket": int(np.diff(self.offsets).max()) if len(b) else 0,
+        }
+
+    def busiest_bucket(self) -> int:
+        """Index of the bucket holding the most arrays (the most telling one to draw)."""
+        return int(np.argmax(np.diff(self.offsets)))
+
     @property
     def num_under_threshold(self) -> int:
         """Buckets that close below the cap (the tail, and buckets cut by a dtype change)."""
@@ -167,6 +186,8 @@ class BucketPlan:
 
 
 def _validate_for_planning(spec: ModelSpec) -> None:
+    if spec.sizes.all():
+        return
     for p in spec.params:
         if p.size == 0:
             raise ValueError(f"Parameter '{p.path}' with shape {p.shape} has no elements; zero-size arrays cannot be bucketed.")

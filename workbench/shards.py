@@ -154,32 +154,41 @@ class ShardPlan:
         out[bp.order] = csum - starts
         return out
 
-    def rank_slices(self, rank: int) -> list[ShardSlice]:
-        """The pieces rank ``rank`` owns, bucket by bucket, in its local buffer order."""
+    def rank_slices(self, rank: int, bucket: int | None = None) -> list[ShardSlice]:
+        """The pieces rank ``rank`` owns, bucket by bucket, in its local buffer order.
+
+        Args:
+            rank: 0 <= rank < N.
+            bucket: Only this bucket's pieces (default: every bucket).
+        """
         if not 0 <= rank < self.num_shards:
             raise ValueError(f"rank {rank} is out of range for num_shards={self.num_shards}.")
         bp = self.buckets
-        order = bp.order
+        if bucket is None:
+            lo, hi = 0, len(bp.order)
+        elif 0 <= bucket < bp.num_buckets:
+            lo, hi = int(bp.offsets[bucket]), int(bp.offsets[bucket + 1])
+        else:
+            raise ValueError(f"bucket {bucket} is out of range: the plan has {bp.num_buckets} buckets.")
+        order = bp.order[lo:hi]
         sizes = bp.spec.sizes[order]
-        bucket = np.repeat(np.arange(bp.num_buckets), np.diff(bp.offsets))
+        buckets_of = np.repeat(np.arange(bp.num_buckets), np.diff(bp.offsets))[lo:hi]
         if self.layout == "row":
             c = self.param_chunk_elems[order]
             start = np.minimum(rank * c, sizes)
             stop = np.minimum(start + c, sizes)
         elif self.layout == "flat":
-            c = self.bucket_chunk_elems[bucket]
+            c = self.bucket_chunk_elems[buckets_of]
             poff = self._param_offsets()[order]
-            lo, hi = rank * c, (rank + 1) * c
-            start = np.clip(lo - poff, 0, sizes)
-            stop = np.clip(hi - poff, 0, sizes)
+            start = np.clip(rank * c - poff, 0, sizes)
+            stop = np.clip((rank + 1) * c - poff, 0, sizes)
         else:
-            mine = self.param_owner[order] == rank
-            start = np.where(mine, 0, sizes)
+            start = np.where(self.param_owner[order] == rank, 0, sizes)
             stop = sizes
         keep = np.nonzero(start < stop)[0]
-        paths = bp.spec.params
+        params = bp.spec.params
         return [
-            ShardSlice(int(bucket[k]), paths[int(order[k])].path, int(start[k]), int(stop[k])) for k in keep
+            ShardSlice(int(buckets_of[k]), params[int(order[k])].path, int(start[k]), int(stop[k])) for k in keep
         ]
 
     def iter_slices(self) -> Iterator[tuple[int, ShardSlice]]:

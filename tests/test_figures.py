@@ -1,0 +1,344 @@
+"""Figures show exactly what the planners computed, stay small on Llama-3-70B at N=1024, and are deterministic."""
+
+import functools
+import json
+from collections import defaultdict
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench import MiB, ModelSpec, ParamSpec, format_bytes, plan_buckets, plan_shards
+from workbench import figures
+from workbench.figures import (
+    fig_bucket_layout,
+    fig_buckets_vs_size,
+    fig_layout_metrics,
+    fig_padding_vs_shards,
+    fig_rank_load,
+    fig_shard_map,
+    param_kind,
+)
+
+
+@functools.lru_cache(maxsize=None)
+def llama70b_like() -> ModelSpec:
+    """Llama-3-70B's 723 arrays (shapes of the HF checkpoint), bf16."""
+    shapes = {"model.embed_tokens.weight": (128256, 8192)}
+    for i in range(80):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (8192, 8192), p + "self_attn.k_proj.weight": (1024, 8192),
+            p + "self_attn.v_proj.weight": (1024, 8192), p + "self_attn.o_proj.weight": (8192, 8192),
+            p + "mlp.gate_proj.weight": (28672, 8192), p + "mlp.up_proj.weight": (28672, 8192),
+            p + "mlp.down_proj.weight": (8192, 28672), p + "input_layernorm.weight": (8192,),
+            p + "post_attention_layernorm.weight": (8192,),
+        }
+    shapes |= {"model.norm.weight": (8192,), "lm_head.weight": (128256, 8192)}
+    return ModelSpec.from_shapes(shapes, name="llama-3-70b-like", dtype="bfloat16")
+
+
+def small_spec(num_layers: int = 3) -> ModelSpec:
+    """A Llama-shaped float32 model of a few KiB: embed (64, 16) is 4 KiB, q is 1 KiB."""
+    shapes = {"model.embed_tokens.weight": (64, 16)}
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (16, 16), p + "self_attn.k_proj.weight": (8, 16),
+                   p + "mlp.up_proj.weight": (32, 16), p + "input_layernorm.weight": (16,)}
+    shapes |= {"model.norm.weight": (16,), "lm_head.weight": (64, 16)}
+    return ModelSpec.from_shapes(shapes, name="small")
+
+
+@pytest.fixture(scope="module")
+def big():
+    spec = llama70b_like()
+    bp = plan_buckets(spec, 32 * MiB)
+    return spec, bp, {layout: plan_shards(bp, 1024, layout) for layout in ("row", "flat", "greedy")}
+
+
+def bars(fig, name_prefix=None):
+    return [t for t in fig.data if t.type == "bar" and (name_prefix is None or t.name.startswith(name_prefix))]
+
+
+def shard_segments(fig, subplot: int):
+    """{rank: [(path, start, stop, local_start, local_stop)]} and {rank: [(local_start, local_stop)]} of one subplot."""
+    yref = "y" if subplot == 0 else f"y{subplot + 1}"
+    real, pad = defaultdict(list), defaultdict(list)
+    for t in fig.data:
+        if (t.yaxis or "y") != yref:
+            continue
+        for row in t.customdata:
+            if t.name == "padding":
+                pad[int(row[2])].append((int(row[0]), int(row[1])))
+            else:
+                real[int(row[5])].append((row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4])))
+    return real, pad
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+@pytest.mark.parametrize("path, kind", [
+    ("model.embed_tokens.weight", "embedding"), ("lm_head.weight", "embedding"), ("transformer.wte.weight", "embedding"),
+    ("model.layers.3.self_attn.q_proj.weight", "attention"), ("transformer.h.0.attn.c_attn.bias", "attention"),
+    ("model.layers.3.self_attn.q_norm.weight", "norm"), ("transformer.h.0.ln_1.weight", "norm"),
+    ("model.layers.0.mlp.down_proj.weight", "mlp"), ("transformer.h.0.mlp.c_proj.weight", "mlp"),
+    ("model.layers.0.block_sparse_moe.experts.3.w1.weight", "expert"), ("model.layers.0.mlp.experts.7.up_proj.weight", "expert"),
+    ("model.layers.0.block_sparse_moe.gate.weight", "mlp"), ("scale", "other"),
+])
+def test_param_kind(path, kind):
+    assert param_kind(path) == kind
+
+
+# --------------------------------------------------------------------------- bucket layout
+
+
+@pytest.mark.parametrize("cap, policy", [(6 * 1024, "mlx"), (5000, "pytorch-ddp"), (0, "mlx"), (10**9, "mlx")])
+def test_bucket_layout_bars_sum_to_bucket_bytes(cap, policy):
+    bp = plan_buckets(small_spec(), cap, policy=policy)
+    fig = fig_bucket_layout(bp)
+    totals = np.zeros(bp.num_buckets)
+    segments = defaultdict(list)
+    for t in bars(fig):
+        np.add.at(totals, np.asarray(t.x, int), np.asarray(t.y))
+        for x, base, y in zip(t.x, t.base, t.y):
+            segments[int(x)].append((base, base + y))
+    np.testing.assert_allclose(totals, bp.bucket_bytes / MiB)
+    for b, segs in segments.items():  # segments of a bucket tile [0, its size)
+        segs.sort()
+        assert segs[0][0] == 0 and np.allclose([s[1] for s in segs[:-1]], [s[0] for s in segs[1:]])
+    paths = [row[0] for t in bars(fig) for row in t.customdata]
+    assert sorted(paths) == sorted(bp.spec.paths)
+    assert f"{bp.num_buckets} buckets" in fig.layout.title.text and bp.policy.name in fig.layout.title.text
+
+
+def test_bucket_layout_threshold_and_tail():
+    bp = plan_buckets(small_spec(), 6 * 1024)
+    assert bp.bucket_bytes[-1] < bp.communication_size  # the case under test
+    fig = fig_bucket_layout(bp)
+    (line,) = [s for s in fig.layout.shapes if s.name == "communication_size"]
+    assert line.y0 == line.y1 == bp.communication_size / MiB
+    (tail,) = [a for a in fig.layout.annotations if a.name == "tail"]
+    assert tail.x == bp.num_buckets - 1 and tail.y == pytest.approx(bp.bucket_bytes[-1] / MiB)
+
+    no_cap = fig_bucket_layout(plan_buckets(small_spec(), 0))
+    assert not no_cap.layout.shapes and not [a for a in no_cap.layout.annotations if a.name == "tail"]
+    one_bucket = fig_bucket_layout(plan_buckets(small_spec(), 64))  # every bucket reaches the cap
+    assert not [a for a in one_bucket.layout.annotations if a.name == "tail"]
+
+
+def test_bucket_layout_colours_by_kind():
+    fig = fig_bucket_layout(plan_buckets(small_spec(), 0))
+    by_name = {t.name: t for t in bars(fig)}
+    assert set(by_name) == {"embedding", "attention", "mlp", "norm"}
+    assert all(param_kind(row[0]) == name for name, t in by_name.items() for row in t.customdata)
+    assert by_name["mlp"].marker.color == figures.KIND_COLORS["mlp"]
+
+
+@pytest.mark.parametrize("limit, level", [(11, "kind run"), (3, "bucket")])
+def test_bucket_layout_merges_segments_past_the_limit(monkeypatch, limit, level):
+    monkeypatch.setattr(figures, "MAX_BUCKET_SEGMENTS", limit)
+    bp = plan_buckets(small_spec(), 10**9 if level == "kind run" else 12 * 1024)
+    fig = fig_bucket_layout(bp)
+    totals = np.zeros(bp.num_buckets)
+    for t in bars(fig):
+        np.add.at(totals, np.asarray(t.x, int), np.asarray(t.y))
+    np.testing.assert_allclose(totals, bp.bucket_bytes / MiB)
+    assert f"merged {level}s" in fig.layout.title.text
+    assert sum(len(t.x) for t in bars(fig)) <= max(limit, bp.num_buckets)
+
+
+# --------------------------------------------------------------------------- shard map
+
+
+@pytest.mark.parametrize("layout, pad_rows, n", [("row", False, 4), ("row", True, 3), ("flat", False, 3), ("greedy", False, 5)])
+def test_shard_map_segments_are_the_rank_slices(layout, pad_rows, n):
+    bp = plan_buckets(small_spec(), 6 * 1024)
+    plan = plan_shards(bp, n, layout, pad_rows=pad_rows)
+    for b in range(bp.num_buckets):
+        fig = fig_shard_map({layout: plan}, bucket=b)
+        real, pad = shard_segments(fig, 0)
+        for r in range(n):
+            expected = [(s.path, s.start, s.stop) for s in plan.rank_slices(r) if s.bucket == b]
+            assert [seg[:3] for seg in real[r]] == expected
+            pieces = sorted([seg[3:] for seg in real[r]] + pad[r])  # local offsets tile the rank's buffer
+            assert all(a[1] == b_[0] for a, b_ in zip(pieces, pieces[1:]))
+            size = sum(hi - lo for lo, hi in pieces)
+            if layout == "greedy":
+                assert not pad[r] and size == sum(s[2] - s[1] for s in expected)
+            else:
+                assert pieces[0][0] == 0 and size == plan.bucket_chunk_elems[b]
+
+
+def test_shard_map_side_by_side_and_padding_grey():
+    spec = ModelSpec.from_shapes({"a": (3, 5), "b": (4, 4)}, name="odd")
+    bp = plan_buckets(spec, 10**6)
+    plans = {"row": plan_shards(bp, 4, "row", pad_rows=True), "flat": plan_shards(bp, 4, "flat")}
+    fig = fig_shard_map(plans)
+    assert {t.xaxis for t in fig.data} == {"x", "x2"}
+    assert [a.text.split(":")[0] for a in fig.layout.annotations] == ["row", "flat"]
+    padding = [t for t in fig.data if t.name == "padding"]
+    assert padding and all(t.marker.color == figures.PADDING_COLOR for t in padding)
+    assert sum(1 for t in padding if t.showlegend) == 1
+    # flat: 31 elements in 4 chunks of 8, the last rank pads 1
+    _, pad = shard_segments(fig, 1)
+    assert dict(pad) == {3: [(7, 8)]}
+
+
+def test_shard_map_rejects_bad_bucket():
+    plan = plan_shards(plan_buckets(small_spec(), 0), 2, "flat")
+    with pytest.raises(ValueError, match="Bucket 99 is out of range for plan 'flat'"):
+        fig_shard_map({"flat": plan}, bucket=99)
+    with pytest.raises(ValueError, match="at least one plan"):
+        fig_shard_map({})
+
+
+def test_shard_map_aggregates_ranks_at_1024(big):
+    _, bp, plans = big
+    b = 2  # k_proj + v_proj: a two-array bucket
+    fig = fig_shard_map({"row": plans["row"], "flat": plans["flat"]}, bucket=b)
+    shown = [str(r) for r in range(8)] + [str(r) for r in range(1016, 1024)]
+    assert list(fig.layout.yaxis.ticktext) == shown and list(fig.layout.yaxis2.ticktext) == shown
+    assert "ranks 0–7 and 1016–1023 of 1024 shown" in fig.layout.title.text
+    for subplot, plan in enumerate((plans["row"], plans["flat"])):
+        real, _ = shard_segments(fig, subplot)
+        assert sorted(real) == [int(r) for r in shown]
+        for r in (0, 7, 1016, 1023):
+            assert [seg[:3] for seg in real[r]] == [(s.path, s.start, s.stop) for s in plan.rank_slices(r) if s.bucket == b]
+    assert [s.name for s in fig.layout.shapes] == ["hidden ranks", "hidden ranks"]
+
+
+def test_shard_map_merges_arrays_past_the_limit(monkeypatch):
+    monkeypatch.setattr(figures, "MAX_SEGMENTS_PER_RANK", 4)
+    bp = plan_buckets(small_spec(), 10**9)  # one bucket of 15 arrays
+    plan = plan_shards(bp, 2, "row", pad_rows=True)
+    fig = fig_shard_map({"row": plan})
+    real, _ = shard_segments(fig, 0)
+    assert all(len(segs) <= 4 for segs in real.values())
+    assert "arrays merged in groups of 4" in fig.layout.title.text
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=8), cap=st.integers(0, 200), n=st.integers(1, 6),
+       layout=st.sampled_from(["row", "flat", "greedy"]))
+def test_shard_map_matches_rank_slices_on_random_specs(sizes, cap, n, layout):
+    spec = ModelSpec(name="random", params=tuple(ParamSpec(f"p{i}", (s,)) for i, s in enumerate(sizes)))
+    bp = plan_buckets(spec, cap)
+    plan = plan_shards(bp, n, layout, pad_rows=True)
+    b = bp.num_buckets - 1
+    real, _ = shard_segments(fig_shard_map({layout: plan}, bucket=b), 0)
+    for r in range(n):
+        assert [seg[:3] for seg in real[r]] == [(s.path, s.start, s.stop) for s in plan.rank_slices(r) if s.bucket == b]
+
+
+# --------------------------------------------------------------------------- rank load and metrics
+
+
+def test_rank_load_totals_equal_rank_bytes():
+    bp = plan_buckets(small_spec(), 6 * 1024)
+    plans = {"row": plan_shards(bp, 3, "row", pad_rows=True), "flat": plan_shards(bp, 3, "flat"),
+             "greedy": plan_shards(bp, 3, "greedy")}
+    fig = fig_rank_load(plans)
+    for label, plan in plans.items():
+        owned = next(t for t in fig.data if t.name == f"{label} owned")
+        padding = next(t for t in fig.data if t.name == "padding" and t.yaxis == owned.yaxis)
+        np.testing.assert_allclose(owned.y, plan.rank_owned_bytes / MiB)
+        np.testing.assert_allclose(padding.base, owned.y)
+        np.testing.assert_allclose(np.asarray(owned.y) + np.asarray(padding.y), plan.rank_bytes / MiB)
+        (mean,) = [s for s in fig.layout.shapes if s.name == "mean" and s.yref == owned.yaxis]
+        assert mean.y0 == pytest.approx(plan.rank_bytes.mean() / MiB)
+    assert not [t for t in fig.data if t.type == "scatter"]  # no binning below 64 ranks
+
+
+def test_rank_load_bins_at_1024(big):
+    _, _, plans = big
+    fig = fig_rank_load(plans)
+    for label, plan in plans.items():
+        owned = next(t for t in fig.data if t.name == f"{label} owned")
+        padding = next(t for t in fig.data if t.name == "padding" and t.yaxis == owned.yaxis)
+        top = next(t for t in fig.data if t.name == "bin max" and t.yaxis == owned.yaxis)
+        assert len(owned.y) == 64
+        np.testing.assert_allclose(np.asarray(owned.y) + np.asarray(padding.y), plan.rank_bytes.reshape(64, 16).mean(1) / MiB)
+        np.testing.assert_allclose(top.y, plan.rank_bytes.reshape(64, 16).max(1) / MiB)
+        assert max(top.y) == pytest.approx(plan.rank_bytes.max() / MiB)
+    assert "1024 ranks in 64 bins" in fig.layout.title.text
+
+
+def test_layout_metrics_cells_are_the_summary(big):
+    _, _, plans = big
+    fig = fig_layout_metrics(plans)
+    (table,) = fig.data
+    header = list(table.header.values)
+    cells = {name: list(col) for name, col in zip(header, table.cells.values)}
+    assert cells["layout"] == list(plans)
+    for i, plan in enumerate(plans.values()):
+        s = plan.summary()
+        assert cells["max bytes / rank"][i] == format_bytes(s["max_rank_bytes"])
+        assert cells["imbalance (max/mean)"][i] == f"{s['imbalance']:.3f}"
+        assert cells["padding (all ranks)"][i] == format_bytes(s["padding_bytes"])
+        assert cells["split arrays"][i] == str(s["num_split_arrays"])
+        assert cells["fragments / rank (max)"][i] == str(s["max_fragments_per_rank"])
+        assert cells["fragments / rank (mean)"][i] == f"{s['mean_fragments_per_rank']:.1f}"
+        assert cells["collectives / step"][i] == str(s["num_collectives_per_step"])
+    # greedy at N=1024: 723 arrays leave 301 ranks owning nothing, so 723 broadcasts
+    assert cells["of which"] == ["482 RS + 482 AG", "482 RS + 482 AG", "482 AR + 723 bcast"]
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def test_buckets_vs_size_lines_are_the_plans():
+    spec = small_spec()
+    sizes = [1024, 4096, 16384]
+    fig = fig_buckets_vs_size(spec, sizes)
+    for policy in ("mlx", "pytorch-ddp"):
+        count, largest = [t for t in fig.data if t.name == policy]
+        plans = [plan_buckets(spec, s, policy=policy) for s in sizes]
+        assert list(count.y) == [p.num_buckets for p in plans]
+        np.testing.assert_allclose(largest.y, [p.bucket_bytes.max() / MiB for p in plans])
+        np.testing.assert_allclose(count.x, np.array(sizes) / MiB)
+    assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
+    with pytest.raises(ValueError, match="> 0"):
+        fig_buckets_vs_size(spec, [0, 1024])
+
+
+def test_padding_vs_shards_lines_are_the_plans():
+    bp = plan_buckets(small_spec(), 6 * 1024)
+    ns = [1, 3, 8, 64]
+    fig = fig_padding_vs_shards(bp, ns)
+    for name, label, kwargs in (("row", "row (pad_rows)", dict(pad_rows=True)), ("flat", "flat", {})):
+        padding, frags = [t for t in fig.data if t.name == label]
+        plans = [plan_shards(bp, n, name, **kwargs) for n in ns]
+        np.testing.assert_allclose(padding.y, [p.padding_bytes / MiB for p in plans])
+        assert list(frags.y) == [int(p.rank_fragments.max()) for p in plans]
+        assert list(padding.x) == ns
+
+
+# --------------------------------------------------------------------------- every figure
+
+
+def all_figures(spec, bp, plans):
+    two = {"row": plans["row"], "flat": plans["flat"]}
+    return {
+        "bucket_layout": lambda: fig_bucket_layout(bp),
+        "shard_map": lambda: fig_shard_map(two, bucket=1),
+        "rank_load": lambda: fig_rank_load(plans),
+        "layout_metrics": lambda: fig_layout_metrics(plans),
+        "buckets_vs_size": lambda: fig_buckets_vs_size(spec, [MiB, 32 * MiB, 256 * MiB]),
+        "padding_vs_shards": lambda: fig_padding_vs_shards(bp, [8, 64, 1024]),
+    }
+
+
+def test_figures_at_1024_are_small_valid_and_deterministic(big):
+    spec, bp, plans = big
+    for name, build in all_figures(spec, bp, plans).items():
+        fig = build()
+        text = fig.to_json()
+        assert isinstance(fig, go.Figure)
+        assert len(text) < 2_000_000, name
+        assert len(fig.data) <= 16, name  # few traces, never one per parameter
+        assert build().to_json() == text, name  # deterministic
+        assert json.loads(go.Figure(fig.to_dict()).to_json()) == json.loads(text), name  # valid plotly
+        assert fig.layout.template.layout.plot_bgcolor == "white" and fig.layout.height, name

@@ -1,0 +1,200 @@
+"""The layout explorer wires controls to the planners and figure functions, and survives invalid settings."""
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from workbench import MiB, ModelSpec, plan_buckets
+from workbench.figures import fig_bucket_layout, fig_layout_metrics, fig_rank_load, fig_shard_map
+from workbench.widgets import FIGURES, build_layout_explorer
+
+
+def medium_spec(extra: dict | None = None) -> ModelSpec:
+    """A float32 Llama-shaped model of ~7.5 MiB: 1 MiB embedding, head and MLPs, 256 KiB q."""
+    shapes = {"model.embed_tokens.weight": (1024, 256)}
+    for i in range(4):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (256, 256), p + "self_attn.k_proj.weight": (128, 256),
+                   p + "mlp.up_proj.weight": (1024, 256), p + "input_layernorm.weight": (256,)}
+    shapes |= extra or {}
+    shapes |= {"model.norm.weight": (256,), "lm_head.weight": (1024, 256)}
+    return ModelSpec.from_shapes(shapes, name="medium")
+
+
+def llama70b_like() -> ModelSpec:
+    shapes = {"model.embed_tokens.weight": (128256, 8192)}
+    for i in range(80):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (8192, 8192), p + "self_attn.k_proj.weight": (1024, 8192),
+            p + "self_attn.v_proj.weight": (1024, 8192), p + "self_attn.o_proj.weight": (8192, 8192),
+            p + "mlp.gate_proj.weight": (28672, 8192), p + "mlp.up_proj.weight": (28672, 8192),
+            p + "mlp.down_proj.weight": (8192, 28672), p + "input_layernorm.weight": (8192,),
+            p + "post_attention_layernorm.weight": (8192,),
+        }
+    shapes |= {"model.norm.weight": (8192,), "lm_head.weight": (128256, 8192)}
+    return ModelSpec.from_shapes(shapes, name="llama-3-70b-like", dtype="bfloat16")
+
+
+def buckets_shown(explorer) -> int:
+    return len({int(x) for t in explorer.figures["bucket_layout"].data for x in t.x})
+
+
+def snapshot(explorer) -> dict:
+    return {name: fw.to_json() for name, fw in explorer.figures.items()}
+
+
+def decoded(value):
+    """JSON with plotly's base64 arrays ({"dtype", "bdata"}) turned back into lists."""
+    if isinstance(value, dict) and "bdata" in value:
+        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        return array.reshape([int(d) for d in str(value["shape"]).split(",")]).tolist() if "shape" in value else array.tolist()
+    if isinstance(value, dict):
+        return {key: decoded(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [decoded(v) for v in value]
+    return value
+
+
+def figure_json(fig) -> dict:
+    out = decoded(json.loads(fig.to_json()))
+    for trace in out["data"]:
+        trace.pop("uid", None)
+    return out
+
+
+def test_explorer_exposes_controls_figures_status():
+    explorer = build_layout_explorer()  # tiny-llama preset, 32 MiB, N=8, row, mlx
+    assert set(explorer.controls) == {"model", "policy", "communication_size", "num_shards", "layout", "pad_rows", "bucket"}
+    assert set(explorer.figures) == set(FIGURES)
+    assert "Error" not in explorer.status.value and "tiny-llama" in explorer.status.value
+    assert explorer.controls["communication_size"].value == 32 * MiB and explorer.controls["num_shards"].value == 8
+    assert list(explorer.shard_plans) == ["row", "flat", "greedy"]
+    assert buckets_shown(explorer) == explorer.bucket_plan.num_buckets
+    assert explorer.update() is True
+
+
+def test_figure_widgets_hold_the_figure_functions_output():
+    explorer = build_layout_explorer(medium_spec(), communication_size=2 * MiB, num_shards=4)
+    explorer.controls["bucket"].value = 2
+    plans = explorer.shard_plans
+    expected = {
+        "bucket_layout": fig_bucket_layout(explorer.bucket_plan),
+        "shard_map": fig_shard_map({"row": plans["row"], "flat": plans["flat"]}, 2),
+        "rank_load": fig_rank_load(plans),
+        "metrics": fig_layout_metrics(plans),
+    }
+    for name, fig in expected.items():
+        shown, want = figure_json(explorer.figures[name]), figure_json(fig)
+        assert shown["data"] == want["data"], name
+        assert shown["layout"]["title"] == want["layout"]["title"], name
+
+
+def test_communication_size_changes_the_buckets_shown():
+    spec = medium_spec()
+    explorer = build_layout_explorer(spec, communication_size=32 * MiB, num_shards=4)
+    assert buckets_shown(explorer) == 1
+    explorer.controls["communication_size"].value = MiB
+    num = plan_buckets(spec, MiB).num_buckets
+    assert num > 1 and buckets_shown(explorer) == num
+    assert f"{num} buckets" in explorer.figures["bucket_layout"].layout.title.text
+    assert explorer.figures["bucket_layout"].layout.shapes[0].y0 == 1.0
+    explorer.controls["communication_size"].value = 0
+    assert buckets_shown(explorer) == len(spec)
+    assert not explorer.figures["bucket_layout"].layout.shapes  # no threshold line at 0
+    explorer.controls["policy"].value = "pytorch-ddp"
+    explorer.controls["communication_size"].value = MiB
+    assert buckets_shown(explorer) == plan_buckets(spec, MiB, policy="pytorch-ddp").num_buckets
+    assert "pytorch-ddp" in explorer.figures["bucket_layout"].layout.title.text
+
+
+def test_num_shards_changes_the_shard_figures():
+    explorer = build_layout_explorer(medium_spec(), communication_size=MiB, num_shards=4)
+    assert list(explorer.figures["shard_map"].layout.yaxis.ticktext) == ["0", "1", "2", "3"]
+    explorer.controls["num_shards"].value = 64
+    assert explorer.shard_plans["row"].num_shards == 64
+    ticks = list(explorer.figures["shard_map"].layout.yaxis.ticktext)
+    assert len(ticks) == 16 and ticks[-1] == "63"
+    assert "of 64 shown" in explorer.figures["shard_map"].layout.title.text
+    owned = next(t for t in explorer.figures["rank_load"].data if t.name == "row owned")
+    np.testing.assert_allclose(owned.y, explorer.shard_plans["row"].rank_owned_bytes / MiB)
+    explorer.controls["layout"].value = "greedy"
+    assert list(explorer.shard_plans)[:2] == ["greedy", "flat"]
+    assert explorer.figures["shard_map"].layout.annotations[0].text.startswith("greedy")
+
+
+def test_bucket_slider_follows_the_plan():
+    explorer = build_layout_explorer(medium_spec(), communication_size=MiB, num_shards=2)
+    num = explorer.bucket_plan.num_buckets
+    assert explorer.controls["bucket"].max == num - 1
+    explorer.controls["bucket"].value = 3
+    assert explorer.figures["shard_map"].layout.title.text.startswith(f"Bucket 3 of {num}")
+    explorer.controls["communication_size"].value = 32 * MiB  # one bucket: the slider clamps to 0
+    assert explorer.controls["bucket"].value == 0 and explorer.controls["bucket"].max == 0
+    assert explorer.figures["shard_map"].layout.title.text.startswith("Bucket 0 of 1")
+
+
+def subplot_titles(fw) -> list[str]:
+    return [a.text.split(":")[0] for a in fw.layout.annotations]
+
+
+def test_indivisible_row_layout_shows_the_error_and_keeps_the_figures():
+    spec = medium_spec({"model.extra.weight": (3, 5)})
+    explorer = build_layout_explorer(spec, communication_size=MiB, num_shards=2, layout="flat")
+    assert "Error" not in explorer.status.value and "row not shown" in explorer.status.value
+    assert subplot_titles(explorer.figures["shard_map"]) == ["flat", "greedy"]  # row cannot plan: greedy instead
+    assert len(subplot_titles(explorer.figures["rank_load"])) == 2
+    before = snapshot(explorer)
+
+    explorer.controls["layout"].value = "row"
+    assert "Error" in explorer.status.value
+    assert "Cannot shard parameter &#x27;model.extra.weight&#x27; with shape (3, 5)" in explorer.status.value
+    assert snapshot(explorer) == before
+    assert explorer.update() is False and snapshot(explorer) == before
+
+    explorer.controls["pad_rows"].value = True  # FSDP2-style padding makes row valid
+    assert "Error" not in explorer.status.value and explorer.shard_plans["row"].pad_rows
+    assert subplot_titles(explorer.figures["shard_map"]) == ["row", "flat"]
+    assert len(subplot_titles(explorer.figures["rank_load"])) == 3
+    assert snapshot(explorer) != before
+
+    explorer.controls["layout"].value = "flat"
+    explorer.controls["pad_rows"].value = False  # two rank-load rows again: the third row's axes are cleared
+    assert len(subplot_titles(explorer.figures["rank_load"])) == 2
+    assert not explorer.figures["rank_load"].layout.yaxis3.to_plotly_json()
+    shown, want = (figure_json(f)["layout"] for f in (explorer.figures["rank_load"], fig_rank_load(explorer.shard_plans)))
+    assert {key: value for key, value in shown.items() if key in want} == want
+    assert all(not value for key, value in shown.items() if key not in want)
+
+
+def test_model_dropdown_lists_the_given_spec_and_presets():
+    explorer = build_layout_explorer(medium_spec(), communication_size=MiB, num_shards=2)
+    options = explorer.controls["model"].options
+    assert options[0][0] == "medium (given)" and "tiny-llama" in [label for label, _ in options]
+    explorer.controls["model"].value = "tiny-llama"
+    assert explorer.bucket_plan.spec.name == "tiny-llama" and "tiny-llama" in explorer.status.value
+
+
+def test_values_off_the_slider_scales_are_added():
+    explorer = build_layout_explorer(medium_spec(), communication_size=3 * MiB, num_shards=6, layout="flat")
+    assert explorer.controls["communication_size"].value == 3 * MiB
+    assert explorer.controls["num_shards"].value == 6 and explorer.shard_plans["flat"].num_shards == 6
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(layout="diagonal"), "Unknown layout"), (dict(policy="zero3"), "Unknown bucket policy"),
+    (dict(num_shards=0), "num_shards"), (dict(communication_size=-1), "communication_size"),
+    (dict(spec_or_preset="no-such-model"), "Unknown preset"),
+])
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_layout_explorer(**kwargs)
+
+
+def test_update_at_1024_ranks_on_a_70b_like_model_aggregates_ranks():
+    explorer = build_layout_explorer(llama70b_like(), communication_size=32 * MiB, num_shards=1024)
+    assert "Error" not in explorer.status.value
+    assert explorer.update()
+    assert "1024" in explorer.figures["shard_map"].layout.title.text
