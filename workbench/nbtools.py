@@ -97,6 +97,7 @@ def build_notebooks(out_dir: Path, notebooks: list[Path] | None = None, *, small
     for path in notebooks or sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb")):
         t0 = time.perf_counter()
         nb = execute_notebook(path, WORKBENCH_EXPORT="1", WORKBENCH_SMALL="1" if small else "0")
+        strip_for_commit(nb)  # live widgets need a kernel; their saved state is ~5 MB per FigureWidget
         html = out_dir / (path.stem + ".html")
         size = export_html(nb, html)
         results.append(BuildResult(path, html, time.perf_counter() - t0, size))
