@@ -1,0 +1,182 @@
+"""The MLX FSDP step equals DDP: on real processes (ring backend, 2 and 4 ranks) and in one process."""
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from workbench import plan_buckets
+from workbench.adapters.mlx import spec_from_mlx
+from workbench.adapters.mlx_fsdp import fsdp_apply_gradients, optimizer_state_bytes
+from workbench.launch import LaunchError, plan_launch, run_local
+
+# fp32: the issue's 1e-6 relative (the ring sums in another order than MLX's all_sum, ~1e-7 apart).
+# bf16: 2 ulps (eps = 2**-7): the ring adds in bf16 hop by hop, MLX's all_sum in its own order.
+RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def ring_run(request, tmp_path_factory):
+    n = request.param
+    out = tmp_path_factory.mktemp(f"mlx{n}")
+    run_local(plan_launch(n, framework="mlx", backend="ring"), ["-m", "workbench.mlx_worker", "--out", str(out)],
+              timeout_s=240, workdir=out / "logs")
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+    return n, ranks
+
+
+def ok_results(ranks):
+    for res in ranks[0]["results"]:
+        if "error" not in res:
+            yield res
+
+
+def assert_close(got, want, rtol):
+    got, want = np.asarray(got), np.asarray(want)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
+
+
+def test_every_rank_ends_with_the_same_parameters(ring_run):
+    n, ranks = ring_run
+    for i, res in enumerate(ranks[0]["results"]):
+        for other in ranks[1:]:
+            assert other["results"][i].get("fsdp_params") == res.get("fsdp_params"), res["case"]
+
+
+def test_fsdp_parameters_equal_ddp_after_several_steps(ring_run):
+    n, ranks = ring_run
+    checked = 0
+    for res in ok_results(ranks):
+        case = res["case"]
+        for path, want in res["ddp_params"].items():
+            assert_close(res["fsdp_params"][path], want, RTOL[case["dtype"]])
+        assert res["dtypes"] == [f"mlx.core.{case['dtype']}"]  # never promoted
+        checked += 1
+    assert checked == 19  # 16 grid cases (sgd/adamw x fp32/bf16 x row/flat x clip) + 3 others
+
+
+def test_grad_norm_is_the_norm_of_the_averaged_gradient(ring_run):
+    n, ranks = ring_run
+    clipped = [res for res in ok_results(ranks) if res["case"]["max_norm"] is not None]
+    assert len(clipped) == 9
+    for res in clipped:
+        assert None not in res["fsdp_norms"] and len(res["fsdp_norms"]) == 3
+        assert_close(res["fsdp_norms"], res["ddp_norms"], RTOL[res["case"]["dtype"]])
+
+
+def test_each_rank_holds_its_slice_of_the_averaged_gradient(ring_run):
+    n, ranks = ring_run
+    for rank in ranks:
+        for res in ok_results([rank]):
+            got, want = np.array(res["shard_got"]), np.array(res["shard_want"])
+            assert got.shape == want.shape and got.size > 0
+            assert_close(got, want, RTOL[res["case"]["dtype"]])
+
+
+def test_collectives_per_step_match_the_bucket_plan(ring_run):
+    n, ranks = ring_run
+    assert [r["sum_scatter_supported"] for r in ranks] == [False] * n  # "[ring] sum_scatter not supported."
+    for res in ok_results(ranks):
+        case = res["case"]
+        for counts, report in zip(res["counts"], res["reports"]):
+            b = report["num_buckets"]
+            clip = 1 if case["max_norm"] is not None else 0
+            assert counts.get("all_gather", 0) == b == report["num_all_gathers"]
+            if case["reduce_scatter"] == "all_sum":
+                assert report["reduce_scatter_path"] == "all_sum"
+                assert counts.get("all_sum", 0) == b + clip and counts.get("send", 0) == 0
+            else:  # ring backend: no sum_scatter, so the workbench's send/recv ring
+                assert report["reduce_scatter_path"] == "ring"
+                assert counts.get("send", 0) == counts.get("recv_like", 0) == (n - 1) * b
+                assert counts.get("all_sum", 0) == clip and counts.get("sum_scatter", 0) == 0
+            # A reduce-scatter moves (N-1)/N of the bucket per rank, like the all-gather; all_sum twice that.
+            factor = 2 if case["reduce_scatter"] == "all_sum" else 1
+            assert report["reduce_scatter_bytes_sent"] == factor * report["all_gather_bytes_sent"] > 0
+        if case["communication_size"] == 0:
+            assert res["reports"][0]["num_buckets"] == 6  # one per array of the 3-layer MLP
+
+
+def test_optimizer_state_is_one_nth_of_ddp(ring_run):
+    n, ranks = ring_run
+    for res in ok_results(ranks):
+        if res["case"]["model"] == "even":  # no padding: exactly 1/N of the moments
+            scalars = 12  # every MLX optimizer keeps a uint64 step and an fp32 learning rate
+            assert (res["fsdp_state_bytes"] - scalars) * n == res["ddp_state_bytes"] - scalars
+
+
+def test_row_layout_refuses_indivisible_arrays_naming_them_and_hsdp_names_the_backend(ring_run):
+    n, ranks = ring_run
+    for rank in ranks:
+        errors = [res["error"] for res in rank["results"] if "error" in res]
+        assert len(errors) == 1 and "Cannot shard parameter 'layers." in errors[0] and f"into {n} rows" in errors[0]
+        assert "ring backend does not support" in rank["hsdp"] and "Group.split" in rank["hsdp"]
+
+
+def test_a_failing_rank_surfaces_as_an_error_naming_it(tmp_path):
+    with pytest.raises(LaunchError, match=r"rank [01] of 2 exited"):
+        run_local(plan_launch(2), ["-c", "import os, sys; sys.exit(3 if os.environ['MLX_RANK'] == '1' else 0)"],
+                  timeout_s=30)
+    with pytest.raises(LaunchError, match="timed out") as info:
+        run_local(plan_launch(2), ["-c", "import time; time.sleep(60)"], timeout_s=2)
+    assert info.value.rank is None
+
+
+# ----------------------------------------------------------------------------- one process
+
+
+def small_problem(dtype=mx.float32):
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    model.set_dtype(dtype)
+    x, y = mx.random.normal((16, 4), key=mx.random.key(0)), mx.random.normal((16, 2), key=mx.random.key(1))
+    grads = nn.value_and_grad(model, lambda m, x, y: ((m(x) - y) ** 2).mean())(model, x.astype(dtype), y)[1]
+    return model.trainable_parameters(), grads
+
+
+@pytest.mark.parametrize("layout", ["row", "flat"])
+@pytest.mark.parametrize("communication_size", [0, 64, 32 * 2**20])
+def test_group_of_one_equals_a_plain_optimizer_step(layout, communication_size):
+    params, grads = small_problem()
+    report = {}
+    got = fsdp_apply_gradients(grads, params, optim.AdamW(1e-2), layout=layout,
+                               communication_size=communication_size, report=report)
+    want = optim.AdamW(1e-2).apply_gradients(grads, params)
+    for (k, a), (_, b) in zip(tree_flatten(got), tree_flatten(want)):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+    assert report["reduce_scatter_path"] == "none" and report["num_reduce_scatters"] == 0
+    assert report["num_buckets"] == plan_buckets(spec_from_mlx(params), communication_size).num_buckets
+    assert report["num_buckets"] == {0: 4, 64: 3, 32 * 2**20: 1}[communication_size]
+
+
+def test_clipping_returns_the_norm_before_clipping_and_keeps_bf16():
+    params, grads = small_problem(mx.bfloat16)
+    new, norm = fsdp_apply_gradients(grads, params, optim.SGD(0.1), max_norm=1e-3)
+    full = np.sqrt(sum(float((g.astype(mx.float32) ** 2).sum()) for _, g in tree_flatten(grads)))
+    assert norm.item() == pytest.approx(full, rel=1e-6)
+    assert {v.dtype for _, v in tree_flatten(new)} == {mx.bfloat16}
+
+
+def test_bad_input_names_the_path():
+    params, grads = small_problem()
+    bad = dict(grads)
+    bad["layers"] = [grads["layers"][0], {"weight": grads["layers"][1]["weight"]}]
+    with pytest.raises(ValueError, match=r"layers\.1\.bias"):
+        fsdp_apply_gradients(bad, params, optim.SGD(0.1))
+    wrong_shape = {"layers": [grads["layers"][0], {**grads["layers"][1], "bias": mx.zeros((3,))}]}
+    with pytest.raises(ValueError, match=r"'layers\.1\.bias' has shape \(3,\)"):
+        fsdp_apply_gradients(wrong_shape, params, optim.SGD(0.1))
+    with pytest.raises(ValueError, match="layout"):
+        fsdp_apply_gradients(grads, params, optim.SGD(0.1), layout="diagonal")
+    with pytest.raises(ValueError, match="reduce_scatter"):
+        fsdp_apply_gradients(grads, params, optim.SGD(0.1), reduce_scatter="carrier-pigeon")
+
+
+def test_optimizer_state_bytes_counts_the_moments():
+    params, grads = small_problem()
+    opt = optim.Adam(1e-2)
+    opt.apply_gradients(grads, params)
+    moments = 2 * sum(v.nbytes for _, v in tree_flatten(params))
+    assert optimizer_state_bytes(opt) == moments + 12  # + uint64 step + fp32 learning rate

@@ -1,0 +1,366 @@
+"""The real FSDP step in MLX: ``fsdp_apply_gradients`` on the workbench's bucket and shard plans.
+
+mlx 0.32.4 no longer ships ``mlx.nn.fsdp_apply_gradients`` (0.31.1-0.32.0 only), so the
+workbench provides it with the same signature and return contract, plus a ``layout``
+choice. The step realises exactly the plan of :func:`workbench.buckets.plan_buckets` and
+:func:`workbench.shards.plan_shards` (the one the notebooks draw):
+
+1. per bucket, the gradients become an ``(N, c)`` matrix: ``row`` concatenates each
+   gradient reshaped ``(N, -1)`` on axis 1; ``flat`` concatenates them flattened, pads
+   to ``N * c`` and reshapes. Row ``r`` is rank ``r``'s shard;
+2. reduce-scatter the matrix (sum) and divide by the number of data-parallel ranks;
+3. optionally clip by the global norm (local sum of squares, ``all_sum``, ``sqrt``);
+4. update the local shards with the optimizer (its state covers 1/N of the model);
+5. all-gather the updated shards and rebuild the full parameter tree.
+
+Reduce-scatter paths: ``"sum_scatter"`` (NCCL, JACCL); ``"ring"``, built here from
+``send``/``recv`` for the CPU backends (ring, MPI), which lack ``sum_scatter``: N - 1
+steps, each rank sending ``(N - 1) / N`` of the bucket in all, the ideal; ``"all_sum"``,
+an all-reduce then a slice: the right numbers at twice the traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..buckets import plan_buckets
+from ..shards import ShardPlan, plan_shards
+from .mlx import spec_from_mlx
+
+REDUCE_SCATTER_PATHS = ("auto", "sum_scatter", "ring", "all_sum")
+_SUM_SCATTER_SUPPORT: list[bool] = []  # one process, one backend: probed once
+_PLANS: dict[tuple, ShardPlan] = {}
+
+
+def has_sum_scatter(group: mx.distributed.Group) -> bool:
+    """Whether the process's backend implements ``sum_scatter`` (probed once per process).
+
+    A process runs one backend, so the answer holds for all its groups (``init()`` returns
+    a new ``Group`` object on every call, so groups make poor cache keys). Ring and MPI
+    raise before any byte is sent ("[ring] sum_scatter not supported."), on every rank
+    alike, so the probe is safe to run collectively.
+    """
+    if not _SUM_SCATTER_SUPPORT:
+        try:
+            mx.eval(mx.distributed.sum_scatter(mx.zeros((group.size(),)), group=group))
+            _SUM_SCATTER_SUPPORT.append(True)
+        except RuntimeError:
+            _SUM_SCATTER_SUPPORT.append(False)
+    return _SUM_SCATTER_SUPPORT[0]
+
+
+def make_hsdp_groups(fsdp_size: int, world: mx.distributed.Group | None = None):
+    """Split the world into ``(fsdp_group, dp_group)``: shard within blocks of ``fsdp_size`` ranks.
+
+    Rank r shards with ranks ``r // fsdp_size * fsdp_size ...`` and replicates with the
+    ranks holding the same shard index in the other blocks.
+
+    Raises:
+        ValueError: if ``fsdp_size`` does not divide the world size.
+        RuntimeError: if the backend cannot split groups (ring), naming it.
+    """
+    world = world or mx.distributed.init()
+    n, r = world.size(), world.rank()
+    if isinstance(fsdp_size, bool) or not isinstance(fsdp_size, int) or fsdp_size < 1 or n % fsdp_size:
+        raise ValueError(f"fsdp_size must be a positive divisor of the world size {n}, got {fsdp_size!r}.")
+    try:
+        fsdp = world.split(r // fsdp_size, r % fsdp_size)
+        dp = world.split(r % fsdp_size, r // fsdp_size)
+    except RuntimeError as err:
+        import os
+
+        backend = os.environ.get("WORKBENCH_BACKEND", "this")
+        raise RuntimeError(
+            f"HSDP needs Group.split, which the {backend} backend does not support ({err}). "
+            "Use the NCCL or MPI backend for HSDP, or JAX's 2-D mesh."
+        ) from err
+    return fsdp, dp
+
+
+def ring_reduce_scatter(matrix: mx.array, group: mx.distributed.Group, stream: Any = None) -> mx.array:
+    """Sum ``matrix`` (shape ``(N, c)``) over the group; return this rank's row of the sum.
+
+    A ring of N - 1 steps: at step k rank r sends its partial sum of row ``r - k - 1`` to
+    rank r + 1 and adds the partial sum of row ``r - k - 2`` received from rank r - 1.
+    The ring backend's ``send`` waits for the matching ``recv``, so even ranks send first
+    and odd ranks receive first (deadlock-free for any N >= 2: rank 1 always receives first).
+    """
+    n, r = group.size(), group.rank()
+    if n == 1:
+        return matrix[0]
+    right, left = (r + 1) % n, (r - 1) % n
+    acc = matrix[(r - 1) % n]
+    for k in range(n - 1):
+        if r % 2 == 0:
+            mx.eval(mx.distributed.send(acc, right, group=group, stream=stream))
+            got = mx.distributed.recv_like(acc, left, group=group, stream=stream)
+            mx.eval(got)
+        else:
+            got = mx.distributed.recv_like(acc, left, group=group, stream=stream)
+            mx.eval(got)
+            mx.eval(mx.distributed.send(acc, right, group=group, stream=stream))
+        acc = matrix[(r - k - 2) % n] + got
+    return acc
+
+
+def _reduce_scatter(matrix: mx.array, group: mx.distributed.Group, path: str, stream: Any) -> mx.array:
+    if group.size() == 1:
+        return matrix[0]
+    if path == "sum_scatter":
+        return mx.distributed.sum_scatter(matrix, group=group, stream=stream)[0]
+    if path == "ring":
+        return ring_reduce_scatter(matrix, group, stream)
+    return mx.distributed.all_sum(matrix, group=group, stream=stream)[group.rank()]
+
+
+def _all_gather(shard: mx.array, group: mx.distributed.Group, stream: Any) -> mx.array:
+    if group.size() == 1:
+        return shard[None]
+    return mx.distributed.all_gather(shard, group=group, stream=stream).reshape(group.size(), -1)
+
+
+def get_plan(parameters_flat: list[tuple[str, mx.array]], communication_size: int, num_shards: int, layout: str) -> ShardPlan:
+    """The core's shard plan for these parameters (cached: planning is pure)."""
+    spec = spec_from_mlx(tree_unflatten(list(parameters_flat)), name="mlx-params")
+    key = (spec, int(communication_size), int(num_shards), layout)
+    if key not in _PLANS:
+        _PLANS[key] = plan_shards(plan_buckets(spec, communication_size), num_shards, layout)
+    return _PLANS[key]
+
+
+def _check_trees(grads: list, params: list) -> None:
+    gkeys, pkeys = [k for k, _ in grads], [k for k, _ in params]
+    if gkeys != pkeys:
+        missing = [k for k in pkeys if k not in set(gkeys)]
+        extra = [k for k in gkeys if k not in set(pkeys)]
+        raise ValueError(
+            "The gradient tree must have the same structure as the parameters: "
+            f"parameters without a gradient {missing[:5]}, gradients without a parameter {extra[:5]}"
+            + ("" if missing or extra else " (same keys in a different order)") + "."
+        )
+    for (k, g), (_, p) in zip(grads, params):
+        if g.shape != p.shape:
+            raise ValueError(f"Gradient '{k}' has shape {tuple(g.shape)} but parameter '{k}' has shape {tuple(p.shape)}.")
+        if g.dtype != p.dtype:
+            raise ValueError(f"Gradient '{k}' is {g.dtype} but parameter '{k}' is {p.dtype}; dtypes are never promoted.")
+
+
+def _to_matrix(arrays: list[mx.array], n: int, layout: str, chunk: int) -> mx.array:
+    if layout == "row":
+        return mx.concatenate([a.reshape(n, -1) for a in arrays], axis=1)
+    flat = mx.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) > 1 else arrays[0].reshape(-1)
+    pad = n * chunk - flat.size
+    if pad:
+        flat = mx.concatenate([flat, mx.zeros((pad,), dtype=flat.dtype)])
+    return flat.reshape(n, chunk)
+
+
+def _from_matrix(matrix: mx.array, shapes: list[tuple[int, ...]], layout: str) -> list[mx.array]:
+    n = matrix.shape[0]
+    out, col = [], 0
+    if layout == "row":
+        for shape in shapes:
+            width = _prod(shape) // n  # the planner has refused scalars and indivisible sizes
+            out.append(matrix[:, col : col + width].reshape(shape))
+            col += width
+        return out
+    flat = matrix.reshape(-1)
+    for shape in shapes:
+        size = _prod(shape)
+        out.append(flat[col : col + size].reshape(shape))
+        col += size
+    return out
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    size = 1
+    for d in shape:
+        size *= d
+    return size
+
+
+def shard_gradients(
+    grads_flat: list[tuple[str, mx.array]],
+    plan: ShardPlan,
+    group: mx.distributed.Group,
+    dp_group: mx.distributed.Group | None = None,
+    path: str = "ring",
+    stream: Any = None,
+) -> dict[str, mx.array]:
+    """Steps 1-2 of the FSDP step: this rank's shard of the averaged gradient, per bucket.
+
+    Returns ``{str(bucket): 1-D shard}``; the shard of bucket b holds exactly the elements
+    ``plan.rank_slices(rank, b)`` names (plus trailing zero padding under ``flat``).
+    """
+    n = group.size()
+    num_replicas = dp_group.size() if dp_group is not None else 1
+    bp = plan.buckets
+    shards = {}
+    for b in range(bp.num_buckets):
+        idx = bp.bucket(b).tolist()
+        matrix = _to_matrix([grads_flat[i][1] for i in idx], n, plan.layout, int(plan.bucket_chunk_elems[b]))
+        shard = _reduce_scatter(matrix, group, path, stream)
+        if num_replicas > 1:
+            shard = mx.distributed.all_sum(shard, group=dp_group, stream=stream)
+        shards[str(b)] = shard / (n * num_replicas)
+    return shards
+
+
+def clip_by_global_norm(
+    grads: dict[str, mx.array], max_norm: float, group: mx.distributed.Group | None = None, stream: Any = None
+) -> tuple[dict[str, mx.array], mx.array]:
+    """Scale gradients by ``min(max_norm / (norm + 1e-6), 1)``; returns (grads, norm).
+
+    With a ``group`` the gradients are shards and the norm is over the whole group (local
+    sums of squares in fp32, ``all_sum``, ``sqrt``); without one they are whole and the norm
+    is local. This is the norm MLX's ``clip_grad_norm`` computes on full gradients;
+    as MLX's ``clip_grad_norm`` computes it on full gradients; the scale is cast to each
+    gradient's dtype so bf16 gradients stay bf16 (MLX's own helper promotes them to fp32).
+    """
+    local_sq = sum((g.astype(mx.float32) ** 2).sum() for g in grads.values())
+    total = mx.distributed.all_sum(local_sq, group=group, stream=stream) if group is not None and group.size() > 1 else local_sq
+    norm = mx.sqrt(total)
+    scale = mx.minimum(max_norm / (norm + 1e-6), 1.0)
+    return {k: g * scale.astype(g.dtype) for k, g in grads.items()}, norm
+
+
+def ddp_apply_gradients(
+    gradients: Any,
+    parameters: Any,
+    optimizer: Any,
+    group: mx.distributed.Group | None = None,
+    communication_size: int = 32 * 2**20,
+    max_norm: float | None = None,
+):
+    """The DDP baseline: ``mlx.nn.average_gradients``, optional clipping, a full optimizer update.
+
+    Same return contract as :func:`fsdp_apply_gradients`.
+    """
+    import mlx.nn as nn
+
+    group = group or mx.distributed.init()
+    grads = nn.average_gradients(gradients, group=group, all_reduce_size=communication_size)
+    norm = None
+    if max_norm is not None:
+        flat, norm = clip_by_global_norm(dict(tree_flatten(grads)), max_norm)
+        grads = tree_unflatten(list(flat.items()))
+    updated = optimizer.apply_gradients(grads, parameters)
+    return updated if max_norm is None else (updated, norm)
+
+
+def _split_group_error(fsdp: mx.distributed.Group, dp: mx.distributed.Group) -> None:
+    world = mx.distributed.init()
+    if fsdp.size() * dp.size() != world.size():
+        raise ValueError(
+            f"HSDP needs fsdp_group.size() * dp_group.size() == world size, got {fsdp.size()} * {dp.size()} != {world.size()}."
+        )
+
+
+def fsdp_apply_gradients(
+    gradients: Any,
+    parameters: Any,
+    optimizer: Any,
+    fsdp_group: mx.distributed.Group | None = None,
+    dp_group: mx.distributed.Group | None = None,
+    communication_size: int = 32 * 2**20,
+    communication_stream: Any = None,
+    max_norm: float | None = None,
+    layout: str = "row",
+    *,
+    reduce_scatter: str = "auto",
+    report: dict | None = None,
+):
+    """Distributed optimizer step with gradients and optimizer state sharded across ranks.
+
+    Same contract as ``mlx.nn.fsdp_apply_gradients`` (mlx 0.31-0.32.0): similar to PyTorch
+    FSDP with ``reshard_after_forward=False`` (parameters stay whole between steps).
+
+    Args:
+        gradients: Tree of full gradients, same structure, shapes and dtypes as ``parameters``.
+        parameters: Tree of full parameters (identical on every rank).
+        optimizer: An MLX optimizer (``apply_gradients``); its state is created for the local
+            shards only, keyed by bucket, so it holds 1/N of DDP's.
+        fsdp_group: Group to shard over. Default: the global group.
+        dp_group: Group of replicas to average the shards over (HSDP: shard inside a node,
+            replicate across nodes). Needs a backend that can split groups (NCCL, MPI).
+        communication_size: Bucket cap in bytes (MLX's rule; ``<= 0``: one bucket per array).
+            Default: 32 MiB.
+        communication_stream: Stream for the collectives. Default: the backend's.
+        max_norm: Clip to this global gradient norm before the update, if given.
+        layout: ``"row"`` (each array reshaped ``(N, -1)``; sizes must divide N) or ``"flat"``.
+        reduce_scatter: ``"auto"`` (``sum_scatter`` where the backend has it, else ``"ring"``),
+            ``"sum_scatter"``, ``"ring"`` or ``"all_sum"``.
+        report: If a dict is given, it is filled with what the step did: the reduce-scatter
+            path, collectives per kind, buckets, and bytes sent per rank.
+
+    Returns:
+        The updated full-parameter tree; ``(parameters, grad_norm)`` when ``max_norm`` is
+        given, ``grad_norm`` being the global norm of the averaged gradient before clipping.
+
+    Raises:
+        ValueError: mismatched trees (naming the path), a ``row`` array not divisible by N
+            (naming path and shape), an unknown option, or an HSDP shape that does not
+            multiply to the world size.
+    """
+    if layout not in ("row", "flat"):
+        raise ValueError(f"Unknown layout {layout!r}; fsdp_apply_gradients supports 'row' and 'flat'.")
+    if reduce_scatter not in REDUCE_SCATTER_PATHS:
+        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_PATHS)}.")
+    fsdp = fsdp_group or mx.distributed.init()
+    n, rank = fsdp.size(), fsdp.rank()
+    if dp_group is not None:
+        _split_group_error(fsdp, dp_group)
+    num_replicas = dp_group.size() if dp_group is not None else 1
+
+    params_flat = tree_flatten(parameters)
+    grads_flat = tree_flatten(gradients)
+    _check_trees(grads_flat, params_flat)
+    plan = get_plan(params_flat, communication_size, n, layout)
+    bp = plan.buckets
+    path = reduce_scatter
+    if path == "auto":
+        path = "sum_scatter" if n > 1 and has_sum_scatter(fsdp) else "ring"
+
+    grad_shards = shard_gradients(grads_flat, plan, fsdp, dp_group, path, communication_stream)
+    param_shards = {
+        str(b): _to_matrix([params_flat[i][1] for i in bp.bucket(b).tolist()], n, layout, int(plan.bucket_chunk_elems[b]))[rank]
+        for b in range(bp.num_buckets)
+    }
+
+    grad_norm = None
+    if max_norm is not None:
+        grad_shards, grad_norm = clip_by_global_norm(grad_shards, max_norm, fsdp, communication_stream)
+
+    new_shards = optimizer.apply_gradients(grad_shards, param_shards)
+
+    updated = list(params_flat)
+    for b in range(bp.num_buckets):
+        idx = bp.bucket(b).tolist()
+        full = _all_gather(new_shards[str(b)], fsdp, communication_stream)
+        for i, arr in zip(idx, _from_matrix(full, [params_flat[i][1].shape for i in idx], layout)):
+            updated[i] = (params_flat[i][0], arr)
+
+    if report is not None:
+        shard_bytes = int(sum(int(plan.bucket_chunk_elems[b]) * int(bp.bucket_itemsize[b]) for b in range(bp.num_buckets)))
+        rs_bytes = {"ring": (n - 1) * shard_bytes, "sum_scatter": (n - 1) * shard_bytes, "all_sum": 2 * (n - 1) * shard_bytes}
+        report.update(
+            reduce_scatter_path=path if n > 1 else "none",
+            num_buckets=bp.num_buckets,
+            num_reduce_scatters=bp.num_buckets if n > 1 else 0,
+            num_all_gathers=bp.num_buckets if n > 1 else 0,
+            num_all_sums=(1 if (max_norm is not None and n > 1) else 0) + (bp.num_buckets if num_replicas > 1 else 0),
+            reduce_scatter_bytes_sent=rs_bytes[path] if n > 1 else 0,
+            all_gather_bytes_sent=(n - 1) * shard_bytes,
+            layout=layout,
+            num_shards=n,
+        )
+    result = tree_unflatten(updated)
+    return result if max_norm is None else (result, grad_norm)
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes of every array in the optimizer's state (measured from the arrays)."""
+    return int(sum(v.nbytes for _, v in tree_flatten(optimizer.state) if isinstance(v, mx.array)))

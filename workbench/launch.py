@@ -1,0 +1,204 @@
+"""Launching real multi-process runs: a pure launch plan, and a local subprocess executor.
+
+:func:`plan_launch` decides everything a rank needs (environment, ports, the MLX ring
+hostfile, the JAX coordinator) without starting anything, so it is testable without
+processes. :func:`run_local` starts one process per rank on this machine, bound to
+loopback, and never hangs: a rank that fails, or a run past ``timeout_s``, stops every
+rank and raises :class:`LaunchError` naming the rank and the tail of its output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Backends per framework; the first is the default on CPU.
+BACKENDS = {"mlx": ("ring", "mpi", "nccl"), "jax": ("gloo", "default")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """Everything needed to start ``num_ranks`` processes of one run.
+
+    Attributes:
+        framework: ``"mlx"`` or ``"jax"``.
+        backend: MLX: ``"ring"``, ``"mpi"``, ``"nccl"``; JAX: ``"gloo"`` (CPU collectives) or ``"default"``.
+        num_ranks: Processes to start.
+        host: Address every rank binds to (loopback by default).
+        ports: One port per rank (MLX ring), or one coordinator port (JAX).
+        rank_env: Per-rank environment variables (without the hostfile path, which the
+            executor writes).
+    """
+
+    framework: str
+    backend: str
+    num_ranks: int
+    host: str
+    ports: tuple[int, ...]
+    rank_env: tuple[dict[str, str], ...] = field(repr=False)
+
+    @property
+    def hostfile(self) -> list[list[str]] | None:
+        """MLX ring hostfile content: one ``["ip:port"]`` entry per rank."""
+        if self.framework == "mlx" and self.backend == "ring":
+            return [[f"{self.host}:{p}"] for p in self.ports]
+        return None
+
+    @property
+    def coordinator(self) -> str | None:
+        return f"{self.host}:{self.ports[0]}" if self.framework == "jax" else None
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` right now (the OS picks them)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def plan_launch(
+    num_ranks: int,
+    *,
+    framework: str = "mlx",
+    backend: str | None = None,
+    host: str = "127.0.0.1",
+    ports: list[int] | None = None,
+    env: dict[str, str] | None = None,
+) -> LaunchPlan:
+    """Plan a run of ``num_ranks`` processes (pure: starts nothing; ports are given or picked free).
+
+    Raises:
+        ValueError: naming the field: ``num_ranks < 1``, an unknown framework or backend,
+            or the wrong number of ports.
+    """
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
+        raise ValueError(f"num_ranks must be an integer >= 1, got {num_ranks!r}.")
+    if framework not in BACKENDS:
+        raise ValueError(f"Unknown framework {framework!r}; choose one of {', '.join(BACKENDS)}.")
+    backend = backend or BACKENDS[framework][0]
+    if backend not in BACKENDS[framework]:
+        raise ValueError(f"Unknown {framework} backend {backend!r}; choose one of {', '.join(BACKENDS[framework])}.")
+    needed = num_ranks if framework == "mlx" else 1
+    ports = list(ports) if ports is not None else free_ports(needed, host)
+    if len(ports) != needed:
+        raise ValueError(f"ports: {framework} with {num_ranks} ranks needs {needed} port(s), got {len(ports)}.")
+    base = dict(env or {})
+    rank_env = []
+    for r in range(num_ranks):
+        e = dict(base)
+        if framework == "mlx":
+            e.update(MLX_RANK=str(r), WORKBENCH_BACKEND=backend)
+        else:
+            e.update(
+                WORKBENCH_COORDINATOR=f"{host}:{ports[0]}",
+                WORKBENCH_NUM_PROCESSES=str(num_ranks),
+                WORKBENCH_PROCESS_ID=str(r),
+                WORKBENCH_BACKEND=backend,
+                XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                JAX_PLATFORMS="cpu" if backend == "gloo" else e.get("JAX_PLATFORMS", ""),
+            )
+        rank_env.append(e)
+    return LaunchPlan(framework=framework, backend=backend, num_ranks=num_ranks, host=host,
+                      ports=tuple(ports), rank_env=tuple(rank_env))
+
+
+class LaunchError(RuntimeError):
+    """A rank failed or the run timed out; ``rank`` names the first rank at fault (None: timeout)."""
+
+    def __init__(self, message: str, rank: int | None, outputs: list[str]):
+        super().__init__(message)
+        self.rank = rank
+        self.outputs = outputs
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    returncode: int
+    output: str
+
+
+def run_local(plan: LaunchPlan, argv: list[str], *, timeout_s: float = 120.0, workdir: Path | None = None) -> list[RankResult]:
+    """Run ``python argv...`` once per rank of ``plan`` on this machine and wait for all.
+
+    Args:
+        plan: From :func:`plan_launch`.
+        argv: Arguments after the Python executable (e.g. ``["-m", "workbench.mlx_worker", ...]``).
+        timeout_s: Wall-clock limit for the whole run.
+        workdir: Where the hostfile and rank logs go (default: a temporary folder).
+
+    Raises:
+        LaunchError: a rank exited non-zero (every other rank is stopped), or the run timed out.
+    """
+    own_tmp = None
+    if workdir is None:
+        own_tmp = tempfile.TemporaryDirectory(prefix="workbench-launch-")
+        workdir = Path(own_tmp.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    base_env = {**os.environ}
+    if plan.hostfile is not None:
+        hostfile = workdir / "hostfile.json"
+        hostfile.write_text(json.dumps(plan.hostfile))
+        base_env["MLX_HOSTFILE"] = str(hostfile)
+    logs = [workdir / f"rank{r}.log" for r in range(plan.num_ranks)]
+    procs = []
+    try:
+        for r in range(plan.num_ranks):
+            with open(logs[r], "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, *argv], env={**base_env, **plan.rank_env[r]},
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                ))
+        deadline = time.monotonic() + timeout_s
+        failed = None
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None or all(c == 0 for c in codes):
+                break
+            time.sleep(0.05)
+        stuck = [r for r, p in enumerate(procs) if p.poll() is None]
+        timed_out = failed is None and bool(stuck)
+        _stop(procs)
+        outputs = [log.read_text(errors="replace") for log in logs]
+        if failed is not None:
+            raise LaunchError(
+                f"rank {failed} of {plan.num_ranks} exited with code {procs[failed].returncode}; "
+                f"the other ranks were stopped. Its output ends:\n{outputs[failed][-3000:]}", failed, outputs)
+        if timed_out:
+            raise LaunchError(
+                f"run timed out after {timeout_s:.0f} s (ranks {stuck} still running, stopped). "
+                f"Rank {stuck[0]}'s output ends:\n{outputs[stuck[0]][-3000:]}", None, outputs)
+        return [RankResult(r, p.returncode, outputs[r]) for r, p in enumerate(procs)]
+    finally:
+        _stop(procs)
+        if own_tmp is not None:
+            own_tmp.cleanup()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
