@@ -85,13 +85,19 @@ def test_collectives_per_step_match_the_bucket_plan(ring_run):
         for counts, report in zip(res["counts"], res["reports"]):
             b = report["num_buckets"]
             clip = 1 if case["max_norm"] is not None else 0
-            assert counts.get("all_gather", 0) == b == report["num_all_gathers"]
+            assert b == report["num_all_gathers"] == report["num_reduce_scatters"]
             if case["reduce_scatter"] == "all_sum":
                 assert report["reduce_scatter_path"] == "all_sum"
                 assert counts.get("all_sum", 0) == b + clip and counts.get("send", 0) == 0
+                assert counts.get("all_gather", 0) == b
+            elif n == 2:  # ring backend, two ranks: the ring's one hop is an all_gather exchange
+                assert report["reduce_scatter_path"] == "ring" and report["ring_transport"] == "all_gather exchange"
+                assert counts.get("all_gather", 0) == 2 * b and counts.get("send", 0) == 0
+                assert counts.get("all_sum", 0) == clip and counts.get("sum_scatter", 0) == 0
             else:  # ring backend: no sum_scatter, so the workbench's send/recv ring
-                assert report["reduce_scatter_path"] == "ring"
+                assert report["reduce_scatter_path"] == "ring" and report["ring_transport"] == "send/recv"
                 assert counts.get("send", 0) == counts.get("recv_like", 0) == (n - 1) * b
+                assert counts.get("all_gather", 0) == b
                 assert counts.get("all_sum", 0) == clip and counts.get("sum_scatter", 0) == 0
             # A reduce-scatter moves (N-1)/N of the bucket per rank, like the all-gather; all_sum twice that.
             factor = 2 if case["reduce_scatter"] == "all_sum" else 1

@@ -1,0 +1,529 @@
+"""JAX training steps that realise the core's bucket and shard plans: FSDP, HSDP, DDP, ZeRO-3.
+
+* :func:`make_fsdp_step` -- MLX ``fsdp_apply_gradients`` in ``jax.shard_map``
+  (parameters replicated, gradients and optimizer state sharded: ZeRO-2-like, PyTorch
+  FSDP with ``reshard_after_forward=False``). Per bucket of
+  ``plan_shards(plan_buckets(spec_from_jax(params), communication_size), N, layout)``:
+  pack the gradients in the plan's layout, one ``psum_scatter``, optional clipping by
+  the global norm, the optax update on the local slice, one ``all_gather``.
+  ``dp_axis`` adds HSDP: shards are also summed over the replica axis (MLX #3194).
+* :func:`make_ddp_step` -- the reference: gradients ``pmean``-ed, full update.
+* :func:`make_zero3_step` -- parameters sharded at rest too; each unit's weights are
+  gathered inside the differentiated function, so gradients arrive reduce-scattered.
+* :func:`fsdp_step` / :func:`fsdp_step_sharded` -- the flax NNX seed problem.
+
+Optimizers must be elementwise (SGD, momentum, Adam, AdamW, ...): FSDP hands optax one
+flat 1-D slice per bucket, so per-array rules (masks by tree path, LAMB/LARS trust
+ratios, ``optax.clip_by_global_norm``) would see the wrong arrays; use ``max_norm``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ..buckets import plan_buckets
+from ..shards import ShardPlan, plan_shards
+from ..specs import ModelSpec
+from .jax import spec_from_jax
+
+if hasattr(jax, "shard_map"):
+    _shard_map, _CHECK = jax.shard_map, "check_vma"
+else:  # jax < 0.6
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+    _CHECK = "check_rep"
+
+_EPS = 1e-6  # MLX's clip: scale = min(max_norm / (norm + 1e-6), 1)
+
+
+class _Bucket(NamedTuple):
+    """Static layout of one bucket: what ``pack`` and ``unpack`` need, read from the plan."""
+
+    index: tuple[int, ...]  # parameter indices (flatten order) in concatenation order
+    shapes: tuple[tuple[int, ...], ...]
+    sizes: tuple[int, ...]
+    chunks: tuple[int, ...]  # row: elements of each array per rank
+    chunk_elems: int  # c: elements each rank holds of the bucket
+    dtype: str
+
+
+def _buckets(plan: ShardPlan) -> list[_Bucket]:
+    bp, out = plan.buckets, []
+    for b in range(bp.num_buckets):
+        idx = [int(i) for i in bp.bucket(b)]
+        ps = [bp.spec.params[i] for i in idx]
+        assert len({p.dtype for p in ps}) == 1, "the planner never mixes dtypes in a bucket"
+        out.append(_Bucket(tuple(idx), tuple(p.shape for p in ps), tuple(p.size for p in ps),
+                           tuple(int(plan.param_chunk_elems[i]) for i in idx), int(plan.bucket_chunk_elems[b]), ps[0].dtype))
+    return out
+
+
+def _pack(bk: _Bucket, leaves: Sequence[jax.Array], n: int, layout: str) -> jax.Array:
+    """The bucket as one 1-D buffer of N*c elements; elements [r*c, (r+1)*c) are rank r's."""
+    if layout == "row":  # each array (N, -1), concatenated on axis 1: row r = rank r's slice of every array
+        return jnp.concatenate([leaves[i].reshape(n, -1) for i in bk.index], axis=1).reshape(-1)
+    flat = jnp.concatenate([leaves[i].reshape(-1) for i in bk.index])
+    return jnp.pad(flat, (0, n * bk.chunk_elems - flat.shape[0]))
+
+
+def _unpack(bk: _Bucket, buf: jax.Array, n: int, layout: str) -> list[jax.Array]:
+    """Inverse of :func:`_pack`: the bucket's arrays, in their shapes."""
+    if layout == "row":
+        parts = jnp.split(buf.reshape(n, bk.chunk_elems), np.cumsum(bk.chunks)[:-1], axis=1)
+    else:
+        parts = jnp.split(buf[: sum(bk.sizes)], np.cumsum(bk.sizes)[:-1])
+    return [p.reshape(s) for p, s in zip(parts, bk.shapes)]
+
+
+def _smap(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any, communicates: bool) -> Callable:
+    """``jit(shard_map(f))``. Without communication (one device) the replication check is off, so no
+    implicit all-reduce is inserted and no single-device collective survives in the compiled program."""
+    return jax.jit(_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **{_CHECK: communicates}))
+
+
+def _vary(tree: Any, axes: tuple[str, ...]) -> Any:
+    """Mark replicated values as varying over ``axes`` so that grad gives each device its local
+    gradient (otherwise shard_map's type system would insert an all-reduce of its own)."""
+    return jax.lax.pcast(tree, axes, to="varying") if axes else tree
+
+
+def _axes(axis: str | Sequence[str] | None) -> tuple[str, ...]:
+    return () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+
+
+def _check_mesh(mesh: Mesh, axes: tuple[str, ...]) -> None:
+    for a in axes:
+        if a not in mesh.axis_names:
+            raise ValueError(f"Mesh axis {a!r} not found; the mesh has axes {tuple(mesh.axis_names)}.")
+    unused = [a for a in mesh.axis_names if a not in axes and mesh.shape[a] > 1]
+    if unused:
+        raise ValueError(f"Mesh axes {unused} are neither the sharding nor the data-parallel axis; name them or drop them.")
+
+
+def _state_specs(optimizer: optax.GradientTransformation, local: Any, axis: str) -> Any:
+    """Specs of the optimizer state: non-scalar leaves mirror the sharded params, scalars are replicated."""
+    return jax.tree_util.tree_map(lambda s: P(axis) if s.ndim else P(), jax.eval_shape(optimizer.init, local))
+
+
+def _global_norm(leaves: Sequence[jax.Array]) -> jax.Array:
+    """Local sum of squares in float32, shape ()."""
+    return sum((jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves), jnp.zeros((), jnp.float32))
+
+
+def _clip(leaves: list[jax.Array], norm: jax.Array, max_norm: float | None) -> list[jax.Array]:
+    if max_norm is None:
+        return leaves
+    scale = jnp.minimum(max_norm / (norm + _EPS), 1.0)
+    return [(g * scale).astype(g.dtype) for g in leaves]
+
+
+class _StepBase:
+    """Checks shared by the steps (errors name the path at fault), and :meth:`lower`."""
+
+    spec: ModelSpec
+    treedef: Any
+    num_data: int
+
+    def _check_params(self, params: Any, what: str = "params") -> None:
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        if treedef != self.treedef:
+            raise ValueError(f"{what} has tree structure {treedef}, but the step was planned for {self.treedef}.")
+        for p, leaf in zip(self.spec.params, leaves):
+            if tuple(leaf.shape) != p.shape or jnp.dtype(leaf.dtype).name != p.dtype:
+                raise ValueError(f"{what} leaf '{p.path}' is {leaf.dtype}{tuple(leaf.shape)}; "
+                                 f"the plan expects {p.dtype}{p.shape}.")
+
+    def _check_batch(self, batch: Any) -> None:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+            if not np.ndim(leaf) or np.shape(leaf)[0] % self.num_data:
+                raise ValueError(f"Batch leaf {jax.tree_util.keystr(path) or 'batch'} has shape {np.shape(leaf)}: "
+                                 f"axis 0 must be divisible by the {self.num_data} data-parallel ranks.")
+
+    def lower(self, *args: Any) -> jax.stages.Lowered:
+        """The lowered step for these arguments: ``.as_text()`` shows every collective,
+        ``.compile().memory_analysis()`` XLA's buffer sizes in bytes."""
+        return self._step.lower(*args)
+
+    def init(self, params: Any) -> Any:
+        """The optimizer state for ``params`` (FSDP: per bucket a 1-D array of N*c elements
+        sharded ``P(axis)``, so each device holds its 1/N; DDP: replicated)."""
+        self._check_params(params)
+        return self._init(params)
+
+    def step(self, params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict]:
+        """One step on the global batch (axis 0 split over all data-parallel ranks).
+
+        Returns:
+            ``(params, opt_state, metrics)``: params replicated ``P()``; metrics ``loss``
+            (global mean), ``grad_norm`` (of the averaged gradient, before clipping) and
+            ``num_collectives`` (int). Debug options add FSDP's ``grad_shards`` (per bucket
+            the (N*c,) averaged gradient, device r holding [r*c, (r+1)*c)) or DDP's ``grads``.
+        """
+        self._check_params(params)
+        self._check_batch(batch)
+        params, opt_state, metrics = self._step(params, opt_state, batch)
+        return params, opt_state, {**metrics, "num_collectives": self.num_collectives}
+
+
+class FsdpStep(_StepBase):
+    """An FSDP (or HSDP) training step; build it with :func:`make_fsdp_step`.
+
+    Attributes:
+        plan: The :class:`~workbench.shards.ShardPlan` this step realises.
+        param_sharding, batch_sharding: Where to ``jax.device_put`` params (replicated)
+            and batches (axis 0 over the data axes) so that every step reuses one compilation.
+        num_shards: N, the size of the sharding axis.
+        num_data: Data-parallel ranks (N, times the replica axis size under HSDP).
+        num_collectives: Gradient-path collectives per step: a reduce-scatter and an
+            all-gather per bucket, an all-reduce per bucket over ``dp_axis`` (HSDP),
+            and one all-reduce of the norm when clipping; 0 on a single device.
+            Metric-only reductions (the loss mean, the norm when not clipping) are not counted.
+    """
+
+    def __init__(self, loss_fn, params, optimizer, mesh, *, axis, communication_size, layout, max_norm, dp_axis,
+                 return_grad_shards):
+        if layout not in ("row", "flat"):
+            raise ValueError(f"FSDP layout must be 'row' or 'flat', got {layout!r}.")
+        _check_mesh(mesh, _axes(axis) + _axes(dp_axis))
+        self.mesh, self.axis, self.dp_axis, self.layout, self.max_norm = mesh, axis, dp_axis, layout, max_norm
+        self.loss_fn, self.optimizer, self.return_grad_shards = loss_fn, optimizer, return_grad_shards
+        self.num_shards = n = int(mesh.shape[axis])
+        num_replicas = int(mesh.shape[dp_axis]) if dp_axis else 1
+        self._dp = dp_axis if num_replicas > 1 else None  # a replica axis of size 1 needs no collective
+        self.num_data = n * num_replicas
+        self.spec = spec_from_jax(params, name="params")
+        self.treedef = jax.tree_util.tree_structure(params)
+        self.plan = plan_shards(plan_buckets(self.spec, communication_size), n, layout)
+        self._buckets = _buckets(self.plan)
+        plan, nb = self.plan, len(self._buckets)
+        self.num_collectives = ((plan.num_reduce_scatters + plan.num_all_gathers + (max_norm is not None) if n > 1 else 0)
+                                + (nb if num_replicas > 1 else 0))
+        local = [jax.ShapeDtypeStruct((bk.chunk_elems,), bk.dtype) for bk in self._buckets]
+        specs = _state_specs(optimizer, local, axis)
+        data = P(_axes(dp_axis) + (axis,))
+        metrics = {"loss": P(), "grad_norm": P()} | ({"grad_shards": [P(axis)] * nb} if return_grad_shards else {})
+        self.param_sharding, self.batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, data)
+        live = self.num_data > 1
+        self._init = _smap(self._init_body, mesh, (P(),), specs, live)
+        self._step = _smap(self._step_body, mesh, (P(), specs, data), (P(), specs, metrics), live)
+
+    def _local_slices(self, leaves: Sequence[jax.Array]) -> list[jax.Array]:
+        r = jax.lax.axis_index(self.axis)
+        n, layout = self.num_shards, self.layout
+        return [jax.lax.dynamic_slice_in_dim(_pack(bk, leaves, n, layout), r * bk.chunk_elems, bk.chunk_elems)
+                for bk in self._buckets]
+
+    def _init_body(self, params):
+        return self.optimizer.init(self._local_slices(jax.tree_util.tree_leaves(params)))
+
+    def _step_body(self, params, opt_state, batch):
+        n, axis, dp, layout = self.num_shards, self.axis, self._dp, self.layout
+        data_axes = _axes(dp) + ((axis,) if n > 1 else ())
+        loss, grads = jax.value_and_grad(self.loss_fn)(_vary(params, data_axes), batch)
+        g_leaves = self.treedef.flatten_up_to(grads)
+        shards = []
+        for bk in self._buckets:
+            s = _pack(bk, g_leaves, n, layout)
+            s = jax.lax.psum_scatter(s, axis, scatter_dimension=0, tiled=True) if n > 1 else s
+            s = jax.lax.psum(s, dp) if dp else s
+            shards.append(s / self.num_data)
+        sq = _global_norm(shards)
+        norm = jnp.sqrt(jax.lax.psum(sq, axis) if n > 1 else sq)
+        clipped = _clip(shards, norm, self.max_norm)
+        slices = self._local_slices(self.treedef.flatten_up_to(params))
+        updates, opt_state = self.optimizer.update(clipped, opt_state, slices)
+        new = optax.apply_updates(slices, updates)
+        leaves: list = [None] * len(g_leaves)
+        for bk, s in zip(self._buckets, new):
+            full = jax.lax.all_gather(s, axis, tiled=True, to="invarying") if n > 1 else s
+            for i, a in zip(bk.index, _unpack(bk, full, n, layout)):
+                leaves[i] = a
+        metrics = {"loss": jax.lax.pmean(loss, data_axes) if data_axes else loss, "grad_norm": norm}
+        if self.return_grad_shards:
+            metrics["grad_shards"] = shards
+        return self.treedef.unflatten(leaves), opt_state, metrics
+
+
+def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
+                   mesh: Mesh, *, axis: str = "fsdp", communication_size: int = 32 * 2**20, layout: str = "row",
+                   max_norm: float | None = None, dp_axis: str | None = None, return_grad_shards: bool = False) -> FsdpStep:
+    """Build an FSDP step that realises ``plan_shards(plan_buckets(spec, communication_size), N, layout)``.
+
+    Args:
+        loss_fn: ``loss_fn(params, local_batch) -> scalar``, the mean loss of a local batch.
+        params: The parameter pytree (arrays or ``jax.ShapeDtypeStruct``), planned in
+            ``jax.tree_util`` order; later calls must pass the same structure, shapes, dtypes.
+        optimizer: An elementwise optax transformation (see the module docstring).
+        mesh: 1-D mesh ``(axis,)``, or 2-D ``(dp_axis, axis)`` for HSDP.
+        axis: The sharding axis; N = ``mesh.shape[axis]``.
+        communication_size: Bucket cap in bytes (MLX's rule; ``<= 0``: one bucket per array).
+            Default: 32 MiB.
+        layout: ``"row"`` (every array (N, -1); needs ``size % N == 0``) or ``"flat"``
+            (bucket flattened and padded to a multiple of N).
+        max_norm: Clip the averaged gradient to this global L2 norm (MLX's formula).
+        dp_axis: HSDP: the replica axis; shards are summed over it, means divide by
+            the world size.
+        return_grad_shards: Debug: also return each device's averaged gradient shards.
+
+    Raises:
+        ValueError: for an unknown axis or layout, or (``row``) an array whose size N does
+            not divide, naming its path and shape (from the planner).
+    """
+    return FsdpStep(loss_fn, params, optimizer, mesh, axis=axis, communication_size=communication_size, layout=layout,
+                    max_norm=max_norm, dp_axis=dp_axis, return_grad_shards=return_grad_shards)
+
+
+class DdpStep(_StepBase):
+    """The DDP reference; build it with :func:`make_ddp_step`. ``num_collectives``: one all-reduce per array."""
+
+    def __init__(self, loss_fn, params, optimizer, mesh, *, axis, max_norm, return_grads):
+        self.axes = _axes(axis)
+        _check_mesh(mesh, self.axes)
+        self.loss_fn, self.optimizer, self.max_norm, self.return_grads = loss_fn, optimizer, max_norm, return_grads
+        self.spec = spec_from_jax(params, name="params")
+        self.treedef = jax.tree_util.tree_structure(params)
+        self.num_data = int(np.prod([mesh.shape[a] for a in self.axes]))
+        self.num_collectives = len(self.spec) if self.num_data > 1 else 0
+        metrics = {"loss": P(), "grad_norm": P()} | ({"grads": P()} if return_grads else {})
+        self.param_sharding, self.batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P(self.axes))
+        self._init = jax.jit(optimizer.init, out_shardings=self.param_sharding)
+        self._live = tuple(a for a in self.axes if mesh.shape[a] > 1)
+        self._step = _smap(self._step_body, mesh, (P(), P(), P(self.axes)), (P(), P(), metrics), bool(self._live))
+
+    def _step_body(self, params, opt_state, batch):
+        loss, grads = jax.value_and_grad(self.loss_fn)(_vary(params, self._live), batch)
+        if self._live:
+            grads, loss = jax.lax.pmean((grads, loss), self._live)
+        leaves = self.treedef.flatten_up_to(grads)
+        norm = jnp.sqrt(_global_norm(leaves))
+        clipped = self.treedef.unflatten(_clip(leaves, norm, self.max_norm))
+        updates, opt_state = self.optimizer.update(clipped, opt_state, params)
+        metrics = {"loss": loss, "grad_norm": norm} | ({"grads": grads} if self.return_grads else {})
+        return optax.apply_updates(params, updates), opt_state, metrics
+
+
+def make_ddp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
+                  mesh: Mesh, axis: str | Sequence[str] = "fsdp", max_norm: float | None = None, *,
+                  return_grads: bool = False) -> DdpStep:
+    """Build the data-parallel reference: gradients ``pmean``-ed over ``axis`` (a name or a tuple), full update.
+
+    Same arguments and metrics as :func:`make_fsdp_step`; clipping uses the same formula.
+    """
+    return DdpStep(loss_fn, params, optimizer, mesh, axis=axis, max_norm=max_norm, return_grads=return_grads)
+
+
+def chain_units(apply_units: Sequence[Callable], loss_fn: Callable[[Any, Any], jax.Array]) -> Callable:
+    """The ordinary ``loss(params, batch)`` of a unit chain (for :func:`make_ddp_step` on the same model)."""
+
+    def loss(params, batch):
+        h = batch
+        for f, p in zip(apply_units, params):
+            h = f(p, h)
+        return loss_fn(h, batch)
+
+    return loss
+
+
+class Zero3Step(_StepBase):
+    """A ZeRO-3 step (parameters, gradients and optimizer state sharded); build it with :func:`make_zero3_step`.
+
+    At rest every array of shape S is stored as (N, prod(S)/N), sharded ``P(axis)``: device
+    r holds row r, the ``row`` layout of the core. Unit u's buckets come from
+    ``plan_shards(plan_buckets(unit_spec, unit_bytes), N, "row")``: one bucket per unit
+    (split only where the dtype changes), so one all-gather per unit in forward, its
+    transpose (one reduce-scatter per unit) in backward, and with ``reshard_after_forward``
+    a second all-gather per unit in backward (``jax.checkpoint``: the gathered weights are
+    freed after the unit's forward and gathered again for its backward).
+
+    Attributes:
+        plans: One :class:`~workbench.shards.ShardPlan` per unit.
+        num_collectives: All-gathers + reduce-scatters per step (+1 all-reduce when clipping).
+    """
+
+    def __init__(self, apply_units, loss_fn, params, optimizer, mesh, *, axis, reshard_after_forward, max_norm):
+        units = list(params)
+        if len(units) != len(apply_units):
+            raise ValueError(f"{len(apply_units)} unit functions but {len(units)} parameter units; pass one per unit.")
+        _check_mesh(mesh, (axis,))
+        self.apply_units, self.loss_fn, self.optimizer = list(apply_units), loss_fn, optimizer
+        self.mesh, self.axis, self.max_norm, self.remat = mesh, axis, max_norm, reshard_after_forward
+        self.num_shards = self.num_data = n = int(mesh.shape[axis])
+        self.spec = spec_from_jax(units, name="units")  # paths "u.name"
+        self.treedef = jax.tree_util.tree_structure(units)
+        self.plans, self._buckets, start = [], [], 0
+        for u, unit in enumerate(units):
+            count = len(jax.tree_util.tree_leaves(unit))
+            sub = ModelSpec(f"unit {u}", self.spec.params[start:start + count])
+            plan = plan_shards(plan_buckets(sub, max(sub.nbytes, 1)), n, "row")
+            self.plans.append(plan)
+            self._buckets.append(_buckets(plan))
+            start += count
+        nb = sum(len(b) for b in self._buckets)
+        self.num_collectives = (nb * (3 if reshard_after_forward else 2) + (max_norm is not None)) if n > 1 else 0
+        local = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((1, int(np.prod(a.shape)) // n), a.dtype), units)
+        specs = _state_specs(optimizer, local, axis)
+        self.sharded, self.replicated = NamedSharding(mesh, P(axis)), NamedSharding(mesh, P())
+        self.batch_sharding = self.sharded
+        self._shard = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: a.reshape(n, -1), t), out_shardings=self.sharded)
+        shapes = [p.shape for p in self.spec.params]
+        self._unshard = jax.jit(
+            lambda t: self.treedef.unflatten([a.reshape(s) for a, s in zip(self.treedef.flatten_up_to(t), shapes)]),
+            out_shardings=self.replicated)
+        self._init = _smap(optimizer.init, mesh, (P(axis),), specs, n > 1)
+        metrics = {"loss": P(), "grad_norm": P()}
+        self._step = _smap(self._step_body, mesh, (P(axis), specs, P(axis)), (P(axis), specs, metrics), n > 1)
+
+    def _gather(self, u: int, local_unit: Any) -> Any:
+        """Unit u's full weights from the local rows (1, size/N): one tiled all-gather per bucket."""
+        leaves, treedef = jax.tree_util.tree_flatten(local_unit)
+        full: list = [None] * len(leaves)
+        for bk in self._buckets[u]:
+            buf = jnp.concatenate([leaves[i] for i in bk.index], axis=1)  # (1, c)
+            buf = jax.lax.all_gather(buf, self.axis, axis=0, tiled=True) if self.num_shards > 1 else buf  # (N, c)
+            for i, a in zip(bk.index, _unpack(bk, buf.reshape(-1), self.num_shards, "row")):
+                full[i] = a
+        return treedef.unflatten(full)
+
+    def _step_body(self, sharded, opt_state, batch):
+        def forward(local_units):
+            h = batch
+            for u, (f, p) in enumerate(zip(self.apply_units, local_units)):
+                run = lambda p, h, u=u, f=f: f(self._gather(u, p), h)  # noqa: E731
+                h = (jax.checkpoint(run) if self.remat else run)(p, h)
+            return self.loss_fn(h, batch)
+
+        loss, grads = jax.value_and_grad(forward)(sharded)  # transpose of all_gather: grads arrive reduce-scattered
+        leaves = [g / self.num_data for g in self.treedef.flatten_up_to(grads)]
+        sq = _global_norm(leaves)
+        n = self.num_shards
+        norm = jnp.sqrt(jax.lax.psum(sq, self.axis) if n > 1 else sq)
+        grads = self.treedef.unflatten(_clip(leaves, norm, self.max_norm))
+        updates, opt_state = self.optimizer.update(grads, opt_state, sharded)
+        loss = jax.lax.pmean(loss, self.axis) if n > 1 else loss
+        return optax.apply_updates(sharded, updates), opt_state, {"loss": loss, "grad_norm": norm}
+
+    def init(self, params: Any) -> tuple[Any, Any]:
+        """Shard full ``params`` at rest; returns ``(sharded_params, opt_state)``, both ``P(axis)``."""
+        self._check_params(list(params))
+        sharded = self._shard(list(params))
+        return sharded, self._init(sharded)
+
+    def unshard(self, sharded: Any) -> Any:
+        """The full, replicated parameters (for checkpoints and checks; one gather of everything)."""
+        return self._unshard(sharded)
+
+    def step(self, sharded: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict]:
+        """One step; params stay sharded. Metrics as :meth:`FsdpStep.step`."""
+        if jax.tree_util.tree_structure(sharded) != self.treedef:
+            raise ValueError(f"sharded params have tree structure {jax.tree_util.tree_structure(sharded)}, "
+                             f"but the step was planned for {self.treedef}.")
+        self._check_batch(batch)
+        sharded, opt_state, metrics = self._step(sharded, opt_state, batch)
+        return sharded, opt_state, {**metrics, "num_collectives": self.num_collectives}
+
+
+def make_zero3_step(apply_units: Sequence[Callable[[Any, Any], Any]], loss_fn: Callable[[Any, Any], jax.Array],
+                    params: Sequence[Any], optimizer: optax.GradientTransformation, mesh: Mesh, *, axis: str = "fsdp",
+                    reshard_after_forward: bool = True, max_norm: float | None = None) -> Zero3Step:
+    """Build a fully sharded (ZeRO-3) step over a chain of units (e.g. layers).
+
+    The model is ``h = batch; h = apply_units[u](unit_params[u], h) for each u; loss_fn(h, batch)``
+    (:func:`chain_units` gives the same model as an ordinary ``loss(params, batch)``).
+
+    Args:
+        apply_units: One function per unit, ``f(unit_params, h) -> h``; the first gets the
+            local batch, and receives the unit's *full* weights, gathered just before it runs.
+        loss_fn: ``loss_fn(h_last, local_batch) -> scalar`` mean loss.
+        params: A sequence of unit pytrees (full arrays; every size divisible by N).
+        optimizer: An elementwise optax transformation (it sees (1, size/N) rows).
+        mesh: A mesh with the single axis ``axis``.
+        reshard_after_forward: Free gathered weights after each unit's forward and gather
+            again in backward (``jax.checkpoint``); False keeps them (ZeRO-2-like memory).
+        max_norm: Clip by the global gradient norm, as in :func:`make_fsdp_step`.
+
+    Usage::
+
+        z = make_zero3_step([layer, layer, head], mse, units, optax.adamw(1e-3), mesh)
+        sharded, state = z.init(units)
+        sharded, state, metrics = z.step(sharded, state, batch)
+        units = z.unshard(sharded)
+
+    Raises:
+        ValueError: on a count mismatch, or an array whose size N does not divide (by path and shape).
+    """
+    return Zero3Step(apply_units, loss_fn, params, optimizer, mesh, axis=axis,
+                     reshard_after_forward=reshard_after_forward, max_norm=max_norm)
+
+
+def _nnx_linear(seed: int, x: Any, y: Any):
+    from flax import nnx
+
+    return nnx.Linear(np.shape(x)[-1], np.shape(y)[-1], rngs=nnx.Rngs(seed))
+
+
+def fsdp_step(seed: float, x: Any, y: Any, num_shards: float, lr: float) -> jax.Array:
+    """The seed problem: one unsharded NNX step, the numerics any FSDP run of it must reproduce.
+
+    Args:
+        seed: Cast to int; seeds ``nnx.Linear(D_in, D_out)``.
+        x: (B, D_in) inputs. y: (B, D_out) targets.
+        num_shards: Informational (cast to int): the layout a production run would use.
+        lr: SGD learning rate.
+
+    Returns:
+        (1,) float32: the mean squared error before the update.
+    """
+    from flax import nnx
+
+    seed, num_shards, lr = int(seed), int(num_shards), float(lr)
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    model = _nnx_linear(seed, x, y)
+    optimizer = nnx.Optimizer(model, optax.sgd(lr), wrt=nnx.Param)
+
+    def loss_fn(model, x, y):
+        return jnp.mean((model(x) - y) ** 2)
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+    optimizer.update(model, grads)
+    return jnp.array([float(loss)])
+
+
+def fsdp_step_sharded(seed: float, x: Any, y: Any, num_shards: float, lr: float, *, devices: Sequence | None = None):
+    """The seed's production recipe, really sharded: the same step as :func:`fsdp_step` under ZeRO-3.
+
+    The Linear's kernel and bias are stored (N, -1) across ``num_shards`` devices, gathered
+    just before the matmul, gradients reduce-scattered, SGD applied to the local rows.
+    Needs ``B``, ``D_in*D_out`` and ``D_out`` divisible by ``num_shards``.
+
+    Returns:
+        ``(loss, model)``: the (1,) pre-update loss and the updated ``nnx.Linear``.
+    """
+    from flax import nnx
+
+    seed, n, lr = int(seed), int(num_shards), float(lr)
+    model = _nnx_linear(seed, x, y)
+    graphdef, state = nnx.split(model, nnx.Param)
+    pure = nnx.to_pure_dict(state)
+
+    def apply(p, batch):
+        local_state = jax.tree_util.tree_map(lambda a: a, state)
+        nnx.replace_by_pure_dict(local_state, p)
+        return nnx.merge(graphdef, local_state)(batch[0])
+
+    devices = list(devices if devices is not None else jax.devices())
+    if len(devices) < n:
+        raise ValueError(f"num_shards={n} needs {n} devices; {len(devices)} available.")
+    mesh = Mesh(np.array(devices[:n]), ("fsdp",))
+    z = make_zero3_step([apply], lambda h, batch: jnp.mean((h - batch[1]) ** 2), [pure], optax.sgd(lr), mesh)
+    sharded, opt_state = z.init([pure])
+    sharded, _, metrics = z.step(sharded, opt_state, (jnp.asarray(x), jnp.asarray(y)))
+    nnx.replace_by_pure_dict(state, z.unshard(sharded)[0])
+    nnx.update(model, state)
+    return jnp.array([float(metrics["loss"])]), model
