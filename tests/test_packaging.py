@@ -22,7 +22,9 @@ def test_readme_starts_with_exactly_two_commands_and_ci_runs_the_test_one():
     commands = readme_commands()
     assert len(commands) == 2, commands
     main, test = commands
-    assert "workbench build" in main and "pytest" in test
+    assert "workbench build" in main and test == "bash scripts/test.sh"
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert 'pip install -q -e ".[all,test]"' in script and "python3 -m pytest" in script
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test in ci, "the README's test command must appear verbatim in .ci/run"
 

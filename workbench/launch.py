@@ -132,8 +132,19 @@ class RankResult:
     output: str
 
 
+def mpirun_command(plan: LaunchPlan, argv: list[str]) -> list[str]:
+    """The ``mpirun`` command that starts ``python argv...`` on every rank of an MPI plan, on loopback."""
+    return ["mpirun", "--oversubscribe", "-np", str(plan.num_ranks),
+            *(["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+            "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+            sys.executable, *argv]
+
+
 def run_local(plan: LaunchPlan, argv: list[str], *, timeout_s: float = 120.0, workdir: Path | None = None) -> list[RankResult]:
     """Run ``python argv...`` once per rank of ``plan`` on this machine and wait for all.
+
+    MLX's MPI backend is started through one ``mpirun`` (ranks come from MPI; the output of
+    every rank is in the single result); every other plan starts one process per rank.
 
     Args:
         plan: From :func:`plan_launch`.
@@ -154,14 +165,18 @@ def run_local(plan: LaunchPlan, argv: list[str], *, timeout_s: float = 120.0, wo
         hostfile = workdir / "hostfile.json"
         hostfile.write_text(json.dumps(plan.hostfile))
         base_env["MLX_HOSTFILE"] = str(hostfile)
-    logs = [workdir / f"rank{r}.log" for r in range(plan.num_ranks)]
+    mpi = plan.framework == "mlx" and plan.backend == "mpi"
+    commands = [mpirun_command(plan, argv)] if mpi else [[sys.executable, *argv]] * plan.num_ranks
+    logs = [workdir / f"rank{r}.log" for r in range(len(commands))]
     procs = []
     try:
-        for r in range(plan.num_ranks):
+        for r, command in enumerate(commands):
+            env = {**base_env, **plan.rank_env[r]}
+            if mpi:
+                env.pop("MLX_RANK", None)
             with open(logs[r], "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, *argv], env={**base_env, **plan.rank_env[r]},
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 ))
         deadline = time.monotonic() + timeout_s
         failed = None
@@ -177,12 +192,12 @@ def run_local(plan: LaunchPlan, argv: list[str], *, timeout_s: float = 120.0, wo
         outputs = [log.read_text(errors="replace") for log in logs]
         if failed is not None:
             raise LaunchError(
-                f"rank {failed} of {plan.num_ranks} exited with code {procs[failed].returncode}; "
-                f"the other ranks were stopped. Its output ends:\n{outputs[failed][-3000:]}", failed, outputs)
+                f"{'mpirun' if mpi else f'rank {failed} of {plan.num_ranks}'} exited with code {procs[failed].returncode}; "
+                f"the other ranks were stopped. Its output ends:\n{outputs[failed][-3000:]}", None if mpi else failed, outputs)
         if timed_out:
             raise LaunchError(
                 f"run timed out after {timeout_s:.0f} s (ranks {stuck} still running, stopped). "
-                f"Rank {stuck[0]}'s output ends:\n{outputs[stuck[0]][-3000:]}", None, outputs)
+                f"Process {stuck[0]}'s output ends:\n{outputs[stuck[0]][-3000:]}", None, outputs)
         return [RankResult(r, p.returncode, outputs[r]) for r, p in enumerate(procs)]
     finally:
         _stop(procs)

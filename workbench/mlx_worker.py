@@ -14,8 +14,10 @@ plain lists: engines and workers return data, never live arrays.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -96,10 +98,13 @@ def tolist(tree) -> dict:
     return {k: np.array(v.astype(mx.float32)).reshape(-1).tolist() for k, v in tree_flatten(tree)}
 
 
-def run_case(case: dict, group, spy: Spy, steps: int) -> dict:
+def run_case(case: dict, group, spy: Spy, steps: int, fsdp_group=None, dp_group=None) -> dict:
+    """DDP over ``group`` against FSDP over ``fsdp_group`` (default ``group``), HSDP with ``dp_group``."""
     dims = MODELS[case["model"]]
     dtype = DTYPES[case["dtype"]]
     rank, size = group.rank(), group.size()
+    fsdp = fsdp_group or group
+    hsdp = {"fsdp_group": fsdp, "dp_group": dp_group}
     out = {"case": case, "ddp_norms": [], "fsdp_norms": [], "counts": [], "reports": []}
     try:
         p_ddp = p_fsdp = build_params(dims, seed=7, dtype=dtype)
@@ -110,25 +115,27 @@ def run_case(case: dict, group, spy: Spy, steps: int) -> dict:
             _, g_ddp = grad_fn(p_ddp, x, y)
             _, g_fsdp = grad_fn(p_fsdp, x, y)
             if step == 0:  # this rank's gradient shard against its slice of the DDP average
-                plan = get_plan(tree_flatten(p_fsdp), case["communication_size"], size, case["layout"])
-                shards = shard_gradients(tree_flatten(g_fsdp), plan, group, path=case["reduce_scatter"])
-                avg = dict(tree_flatten(nn.average_gradients(g_ddp)))
-                want = [np.array(avg[s.path].astype(mx.float32)).reshape(-1)[s.start:s.stop] for b in range(plan.buckets.num_buckets) for s in plan.rank_slices(rank, b)]
+                plan = get_plan(tree_flatten(p_fsdp), case["communication_size"], fsdp.size(), case["layout"])
+                shards = shard_gradients(tree_flatten(g_fsdp), plan, fsdp, dp_group, path=case["reduce_scatter"])
+                avg = dict(tree_flatten(nn.average_gradients(g_ddp, group=group)))
+                mine = [s for b in range(plan.buckets.num_buckets) for s in plan.rank_slices(fsdp.rank(), b)]
+                want = [np.array(avg[s.path].astype(mx.float32)).reshape(-1)[s.start:s.stop] for s in mine]
                 got = []
                 for b in range(plan.buckets.num_buckets):
-                    real = sum(s.stop - s.start for s in plan.rank_slices(rank, b))
+                    real = sum(s.stop - s.start for s in plan.rank_slices(fsdp.rank(), b))
                     got.append(np.array(shards[str(b)].astype(mx.float32))[:real])
                 out["shard_got"] = np.concatenate(got).tolist()
                 out["shard_want"] = np.concatenate(want).tolist()
                 spy.take()
             norm_kw = {"max_norm": case["max_norm"]} if case["max_norm"] is not None else {}
-            res = ddp_apply_gradients(g_ddp, p_ddp, o_ddp, communication_size=case["communication_size"], **norm_kw)
+            res = ddp_apply_gradients(g_ddp, p_ddp, o_ddp, group=group, communication_size=case["communication_size"], **norm_kw)
             p_ddp, n_ddp = res if norm_kw else (res, None)
             mx.eval(p_ddp)
             spy.take()
             report: dict = {}
             res = fsdp_apply_gradients(g_fsdp, p_fsdp, o_fsdp, communication_size=case["communication_size"],
-                                       layout=case["layout"], reduce_scatter=case["reduce_scatter"], report=report, **norm_kw)
+                                       layout=case["layout"], reduce_scatter=case["reduce_scatter"], report=report,
+                                       **hsdp, **norm_kw)
             p_fsdp, n_fsdp = res if norm_kw else (res, None)
             mx.eval(p_fsdp)
             out["counts"].append(spy.take())
@@ -161,22 +168,29 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--cases", default="all", choices=["all", "quick"])
+    parser.add_argument("--hsdp", type=int, default=0, help="shard over blocks of this many ranks, replicate across blocks")
     args = parser.parse_args()
-    import os
-
-    group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
+    backend = os.environ.get("WORKBENCH_BACKEND", "ring")
+    group = mx.distributed.init(backend=backend, strict=True)
     sum_scatter = has_sum_scatter(group)  # the once-per-process probe, before the spy counts
-    spy = Spy()
-    results = [run_case(case, group, spy, args.steps) for case in cases(args.cases)]
     try:
-        make_hsdp_groups(1, group)
+        fsdp_group, dp_group = make_hsdp_groups(args.hsdp or 1, group)
         hsdp = "split ok"
     except RuntimeError as err:
+        fsdp_group = dp_group = None
         hsdp = str(err)
+    if not args.hsdp:
+        fsdp_group = dp_group = None
+    spy = Spy()
+    results = [run_case(case, group, spy, args.steps, fsdp_group, dp_group) for case in cases(args.cases)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{group.rank()}.json").write_text(
         json.dumps({"rank": group.rank(), "size": group.size(), "results": results, "hsdp": hsdp,
-                    "sum_scatter_supported": sum_scatter}))
+                    "sum_scatter_supported": sum_scatter, "backend": backend}))
+    # Free split groups now: left to interpreter exit, MLX frees their MPI communicators after
+    # MPI_Finalize ("MPI_Comm_free() was called after MPI_FINALIZE") and the rank aborts.
+    del fsdp_group, dp_group, group, results
+    gc.collect()
 
 
 if __name__ == "__main__":
