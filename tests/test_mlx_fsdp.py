@@ -186,3 +186,16 @@ def test_optimizer_state_bytes_counts_the_moments():
     opt.apply_gradients(grads, params)
     moments = 2 * sum(v.nbytes for _, v in tree_flatten(params))
     assert optimizer_state_bytes(opt) == moments + 12  # + uint64 step + fp32 learning rate
+
+
+@pytest.mark.parametrize("layout", ["row", "flat"])
+def test_mixed_dtypes_keep_their_own_buckets_and_dtypes(layout):
+    params = {"a": mx.ones((4, 4)), "b": mx.ones((8,), dtype=mx.bfloat16), "c": mx.ones((2, 4))}
+    grads = {"a": mx.full((4, 4), 0.5), "b": mx.full((8,), 0.25, dtype=mx.bfloat16), "c": mx.full((2, 4), 2.0)}
+    report = {}
+    new = fsdp_apply_gradients(grads, params, optim.SGD(0.1), layout=layout, report=report)
+    assert report["num_buckets"] == 3  # fp32 | bf16 | fp32: the bucket closes at each dtype change
+    assert (new["a"].dtype, new["b"].dtype, new["c"].dtype) == (mx.float32, mx.bfloat16, mx.float32)
+    want = optim.SGD(0.1).apply_gradients(grads, params)
+    for k in params:
+        np.testing.assert_array_equal(np.array(new[k].astype(mx.float32)), np.array(want[k].astype(mx.float32)))
