@@ -1,0 +1,91 @@
+"""Real ipyparallel engines: per-rank environments, failures naming the rank, no orphans."""
+
+import os
+import time
+
+import pytest
+
+from workbench.engines import EngineFailure, start_engines
+from workbench.launch import plan_launch as _plan_launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def plan_launch(n, **kw):
+    """Engines import this module's functions by name: put the tests folder on their path."""
+    return _plan_launch(n, env={"PYTHONPATH": HERE}, **kw)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_dead(pids, timeout_s=15):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def env_of_rank(name):
+    import os
+    return os.environ.get(name)
+
+
+def test_engines_carry_their_rank_environment_and_stop_cleanly():
+    plan = plan_launch(2, framework="mlx", backend="ring")
+    with start_engines(plan) as run:
+        assert sorted(run.rank_engine) == [0, 1]
+        got = run.apply(env_of_rank, [("MLX_RANK",), ("MLX_RANK",)], timeout_s=30)
+        assert got == ["0", "1"]
+        hostfiles = run.apply(env_of_rank, [("MLX_HOSTFILE",)] * 2, timeout_s=30)
+        assert hostfiles[0] == hostfiles[1] and os.path.exists(hostfiles[0])
+        pids = list(run.pids.values())
+        assert all(alive(p) for p in pids)
+    assert wait_dead(pids) == []
+
+
+def die_if_rank_one(rank):
+    import os
+    import time
+    if rank == 1:
+        time.sleep(0.5)
+        os._exit(9)
+    time.sleep(60)
+
+
+def test_a_killed_engine_fails_the_run_naming_the_rank_and_stops_the_others():
+    run = start_engines(plan_launch(2, framework="mlx"))
+    pids = list(run.pids.values())
+    t0 = time.monotonic()
+    with pytest.raises(EngineFailure, match=r"rank 1 failed \(EngineError\).*died") as info:
+        run.apply(die_if_rank_one, [(0,), (1,)], timeout_s=60)
+    assert info.value.rank == 1
+    assert time.monotonic() - t0 < 30
+    assert wait_dead(pids) == []
+
+
+def test_a_timeout_and_an_interrupt_stop_every_engine():
+    run = start_engines(plan_launch(2, framework="jax"))
+    pids = list(run.pids.values())
+    with pytest.raises(EngineFailure, match="did not finish within 1 s"):
+        run.apply(time.sleep, [(30,), (30,)], timeout_s=1)
+    assert wait_dead(pids) == []
+
+    run = start_engines(plan_launch(2, framework="jax"))
+    pids = list(run.pids.values())
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run.apply(time.sleep, [(30,), (30,)], timeout_s=60, on_poll=interrupt)
+    assert wait_dead(pids) == []

@@ -1,0 +1,225 @@
+"""Token data with a known loss floor: sequences from a fixed random Markov chain.
+
+A first-order Markov chain over ``V`` tokens has an exactly computable entropy
+rate ``H = -sum_i pi_i sum_j P_ij log P_ij`` (Cover & Thomas, *Elements of
+Information Theory*, 2nd ed., Theorem 4.2.4). It is the smallest mean
+next-token cross-entropy any model can reach on this data, so a convergence
+plot can draw it as the loss floor.
+
+Pure: standard library and NumPy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Weight of the uniform distribution mixed into every Dirichlet row, so every
+#: transition has positive probability: the chain is then irreducible and
+#: aperiodic and its stationary distribution unique.
+UNIFORM_FLOOR = 1e-6
+
+#: Largest vocabulary for which the stationary distribution is taken from a dense
+#: eigendecomposition (O(V^3)); larger chains use power iteration (O(V^2) a step).
+_MAX_EIG_VOCAB = 1024
+
+
+@dataclass(frozen=True, eq=False)
+class MarkovChain:
+    """A first-order Markov chain over ``vocab_size`` tokens.
+
+    Build one with :func:`make_markov_chain`; the constructor only validates.
+
+    Attributes:
+        vocab_size: Number of tokens ``V`` (at least 2).
+        seed: Seed of ``numpy.random.default_rng`` that drew the rows.
+        concentration: Dirichlet alpha of every row (> 0). Small alpha gives
+            peaky rows and a low entropy rate; alpha = 1 is uniform on the simplex.
+        transition: ``(V, V)`` float64, row-stochastic: ``transition[i, j]`` is
+            ``P(x_{t+1} = j | x_t = i)``. Read-only.
+        stationary: ``(V,)`` float64, non-negative, sums to 1, with
+            ``stationary @ transition == stationary``. Read-only.
+
+    Raises:
+        ValueError: naming the field that is out of range or malformed.
+    """
+
+    vocab_size: int
+    seed: int
+    concentration: float
+    transition: np.ndarray = field(repr=False)
+    stationary: np.ndarray = field(repr=False)
+    _cdf: np.ndarray = field(init=False, repr=False)
+    _stationary_cdf: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        v = int(self.vocab_size)
+        if v < 2:
+            raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size!r}.")
+        if not self.concentration > 0:
+            raise ValueError(f"concentration must be > 0, got {self.concentration!r}.")
+        p = np.array(self.transition, dtype=np.float64)
+        if p.shape != (v, v):
+            raise ValueError(f"transition must have shape ({v}, {v}) for vocab_size={v}, got {p.shape}.")
+        if not np.all(np.isfinite(p)) or p.min() < 0:
+            raise ValueError("transition must hold finite, non-negative probabilities.")
+        row_err = float(np.abs(p.sum(axis=1) - 1.0).max())
+        if row_err > 1e-9:
+            raise ValueError(f"transition rows must sum to 1 (worst row is off by {row_err:.3g}).")
+        pi = np.array(self.stationary, dtype=np.float64)
+        if pi.shape != (v,):
+            raise ValueError(f"stationary must have shape ({v},), got {pi.shape}.")
+        if not np.all(np.isfinite(pi)) or pi.min() < 0:
+            raise ValueError("stationary must be finite and non-negative.")
+        if abs(pi.sum() - 1.0) > 1e-9:
+            raise ValueError(f"stationary must sum to 1, sums to {pi.sum()!r}.")
+        residual = float(np.abs(pi @ p - pi).sum())
+        if residual > 1e-8:
+            raise ValueError(f"stationary is not stationary: |pi P - pi|_1 = {residual:.3g}.")
+        cdf = np.cumsum(p, axis=1)
+        cdf[:, -1] = 1.0  # so a uniform draw in [0, 1) always lands on a token
+        pi_cdf = np.cumsum(pi)
+        pi_cdf[-1] = 1.0
+        for name, value in (("transition", p), ("stationary", pi), ("_cdf", cdf), ("_stationary_cdf", pi_cdf)):
+            value.flags.writeable = False
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "vocab_size", v)
+
+
+def _stationary(p: np.ndarray) -> np.ndarray:
+    """Stationary distribution of row-stochastic ``p`` (left eigenvector for eigenvalue 1)."""
+    v = p.shape[0]
+    if v <= _MAX_EIG_VOCAB:
+        eigvals, eigvecs = np.linalg.eig(p.T)
+        pi = np.real(eigvecs[:, np.argmin(np.abs(eigvals - 1.0))])
+        pi = pi / pi.sum()
+    else:
+        pi = np.full(v, 1.0 / v)
+    # Polish (or, for large V, compute) by power iteration; converges because every P_ij > 0.
+    for _ in range(10_000):
+        nxt = pi @ p
+        nxt /= nxt.sum()
+        done = np.abs(nxt - pi).sum() < 1e-15
+        pi = nxt
+        if done:
+            break
+    pi = np.clip(pi, 0.0, None)
+    return pi / pi.sum()
+
+
+def make_markov_chain(vocab_size: int, *, seed: int = 0, concentration: float = 0.1) -> MarkovChain:
+    """Draw a random Markov chain: each row ``~ Dirichlet(concentration * ones(V))``.
+
+    Every row is mixed with the uniform distribution at weight
+    :data:`UNIFORM_FLOOR` (1e-6), so the chain is ergodic.
+
+    Args:
+        vocab_size: Number of tokens ``V`` (at least 2).
+        seed: Seed for ``numpy.random.default_rng``.
+        concentration: Dirichlet alpha per row (> 0). Default 0.1 (peaky rows).
+
+    Returns:
+        The chain, with its stationary distribution.
+
+    Raises:
+        ValueError: if ``vocab_size`` < 2 or ``concentration`` <= 0.
+    """
+    if int(vocab_size) < 2:
+        raise ValueError(f"vocab_size must be at least 2, got {vocab_size!r}.")
+    if not concentration > 0:
+        raise ValueError(f"concentration must be > 0, got {concentration!r}.")
+    v = int(vocab_size)
+    rng = np.random.default_rng(seed)
+    rows = rng.dirichlet(np.full(v, float(concentration)), size=v)
+    p = (1.0 - UNIFORM_FLOOR) * rows + UNIFORM_FLOOR / v
+    p /= p.sum(axis=1, keepdims=True)
+    return MarkovChain(v, seed, float(concentration), p, _stationary(p))
+
+
+def entropy_rate_nats(chain: MarkovChain) -> float:
+    """Entropy rate ``-sum_i pi_i sum_j P_ij log P_ij`` of the chain, in nats per token.
+
+    This is the minimum achievable mean next-token cross-entropy for a model that
+    sees the previous token. For a first-order chain, the next token is
+    independent of everything before the previous token, so a model with a longer
+    context cannot beat it either: it is the loss floor of any language model
+    trained on :func:`sample_batch` (in the limit of many tokens).
+
+    Args:
+        chain: The Markov chain.
+
+    Returns:
+        Entropy rate in nats (divide by ``log 2`` for bits).
+    """
+    p = chain.transition
+    plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    return float(-(chain.stationary * plogp.sum(axis=1)).sum())
+
+
+def sample_batch(chain: MarkovChain, step: int, global_batch: int, seq_len: int, *, seed: int = 0) -> np.ndarray:
+    """Sample one global batch of token sequences from the chain.
+
+    Deterministic in ``(chain, step, seed)``: the generator is
+    ``numpy.random.default_rng([seed, step])``. The first token of every row is
+    drawn from the stationary distribution, so every position is in equilibrium.
+    Sampling is vectorised over the batch: one inverse-CDF draw per position.
+
+    Args:
+        chain: The Markov chain.
+        step: Training step (>= 0); each step gets its own batch.
+        global_batch: Number of sequences across all ranks (>= 1).
+        seq_len: Model context length in tokens (>= 1).
+        seed: Data seed (>= 0), independent of ``chain.seed``.
+
+    Returns:
+        int32 array of shape ``(global_batch, seq_len + 1)``; inputs are
+        ``batch[:, :-1]`` and targets ``batch[:, 1:]``.
+
+    Raises:
+        ValueError: naming ``step``, ``global_batch``, ``seq_len`` or ``seed`` when out of range.
+    """
+    for name, value, lo in (("step", step, 0), ("global_batch", global_batch, 1), ("seq_len", seq_len, 1), ("seed", seed, 0)):
+        if int(value) != value or value < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}.")
+    rng = np.random.default_rng([int(seed), int(step)])
+    uniforms = rng.random((int(seq_len) + 1, int(global_batch)))
+    out = np.empty((int(global_batch), int(seq_len) + 1), dtype=np.int32)
+    tokens = np.searchsorted(chain._stationary_cdf, uniforms[0], side="right")
+    out[:, 0] = tokens
+    for t in range(1, int(seq_len) + 1):
+        # Inverse CDF per row: the first token whose cumulative probability exceeds u.
+        tokens = (chain._cdf[tokens] <= uniforms[t][:, None]).sum(axis=1)
+        out[:, t] = tokens
+    return out
+
+
+def rank_slice(batch: np.ndarray, rank: int, num_ranks: int) -> np.ndarray:
+    """The contiguous share of a global batch that one data-parallel rank trains on.
+
+    Rank ``r`` gets rows ``[r * global_batch // num_ranks, (r + 1) * global_batch // num_ranks)``.
+
+    Args:
+        batch: Global batch, shape ``(global_batch, ...)``.
+        rank: This rank, ``0 <= rank < num_ranks``.
+        num_ranks: Number of data-parallel ranks (>= 1).
+
+    Returns:
+        A view of ``batch`` with ``global_batch // num_ranks`` rows.
+
+    Raises:
+        ValueError: if ``num_ranks`` < 1, ``rank`` is out of range, or
+            ``global_batch`` is not divisible by ``num_ranks``.
+    """
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks!r}.")
+    if not 0 <= rank < num_ranks:
+        raise ValueError(f"rank must be in [0, num_ranks={num_ranks}), got {rank!r}.")
+    global_batch = batch.shape[0]
+    if global_batch % num_ranks:
+        raise ValueError(
+            f"global_batch={global_batch} is not divisible by num_ranks={num_ranks}; "
+            f"each rank needs the same number of sequences."
+        )
+    per_rank = global_batch // num_ranks
+    return batch[rank * per_rank : (rank + 1) * per_rank]

@@ -1,0 +1,171 @@
+"""Running a launch plan on ipyparallel engines, one engine per rank.
+
+:func:`start_engines` turns a :class:`~workbench.launch.LaunchPlan` into an
+``ipyparallel.Cluster`` whose engine ``r`` carries rank ``r``'s environment (the MLX
+ring hostfile, the JAX coordinator), bound to loopback by default. :class:`EngineRun` is a
+context manager: the engines are stopped when the run ends, fails, or the cell is
+interrupted, so no engine outlives it. Engines return plain data, never live arrays.
+
+For more than one machine, pass ipyparallel's own launchers through
+``engine_launcher_class`` (``"mpi"``, ``"ssh"``, ``"slurm"``) and their settings through
+``cluster_kwargs``; only ``"local"`` is tested here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .launch import LaunchPlan
+
+
+class EngineFailure(RuntimeError):
+    """An engine died or raised; ``rank`` names it (``None`` when the run timed out)."""
+
+    def __init__(self, message: str, rank: int | None):
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclass
+class EngineRun:
+    """Engines of one launch plan: ``rank_engine[r]`` is the ipyparallel engine id of rank r."""
+
+    plan: LaunchPlan
+    cluster: Any
+    client: Any
+    rank_engine: dict[int, int]
+    pids: dict[int, int]
+    workdir: Path
+    _tmp: Any = field(default=None, repr=False)
+    started_s: float = 0.0
+
+    def __enter__(self) -> "EngineRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def apply(self, fn: Callable, rank_args: list[tuple], *, timeout_s: float, poll_s: float = 0.05,
+              on_poll: Callable[[], None] | None = None) -> list[Any]:
+        """Run ``fn(*rank_args[r])`` on every rank's engine at once and return the results in rank order.
+
+        ``on_poll`` is called while waiting (progress display, watchdogs); if it raises, the
+        engines are stopped and the exception propagates.
+
+        Raises:
+            EngineFailure: an engine died or raised (naming the rank), or ``timeout_s`` passed;
+                every engine is stopped first.
+        """
+        if len(rank_args) != self.plan.num_ranks:
+            raise ValueError(f"rank_args has {len(rank_args)} entries for {self.plan.num_ranks} ranks.")
+        pending = {r: self.client[self.rank_engine[r]].apply_async(fn, *rank_args[r]) for r in range(self.plan.num_ranks)}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                for r, ar in pending.items():
+                    if ar.ready() and not ar.successful():
+                        try:
+                            ar.get(0)
+                        except Exception as err:  # RemoteError, EngineError: name the rank
+                            kind = getattr(err, "ename", type(err).__name__)
+                            raise EngineFailure(f"rank {r} failed ({kind}): {str(err)[-2000:]}", r) from err
+                if all(ar.ready() for ar in pending.values()):
+                    return [pending[r].get(0) for r in range(self.plan.num_ranks)]
+                if time.monotonic() > deadline:
+                    stuck = [r for r, ar in pending.items() if not ar.ready()]
+                    raise EngineFailure(f"ranks {stuck} did not finish within {timeout_s:.0f} s", None)
+                if on_poll is not None:
+                    on_poll()
+                time.sleep(poll_s)
+        except BaseException:
+            self.stop()  # a failure, a timeout, or KeyboardInterrupt: no engine outlives the run
+            raise
+
+    def stop(self) -> None:
+        """Stop every engine and the controller (idempotent), then make sure their processes are gone."""
+        if self.cluster is None:
+            return
+        cluster, self.cluster = self.cluster, None
+        # Engines first, outright: one may be wedged in a collective (MLX #4475) or a long task,
+        # and ipyparallel's graceful stop waits for the task. Engines hold nothing to save:
+        # runs write their steps to the run store as they go.
+        for pid in self.pids.values():
+            try:
+                os.kill(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            if self.client is not None:
+                self.client.close()
+        except Exception:
+            pass
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_class: str = "local",
+                  workdir: Path | None = None, **cluster_kwargs: Any) -> EngineRun:
+    """Start one ipyparallel engine per rank of ``plan`` with that rank's environment.
+
+    Args:
+        plan: From :func:`workbench.launch.plan_launch` (MLX ring hostfile and JAX coordinator
+            on ``plan.host``, loopback by default).
+        timeout_s: How long to wait for every engine to register.
+        engine_launcher_class: ipyparallel's engine launcher (``"local"``; ``"mpi"``, ``"ssh"``,
+            ``"slurm"`` for larger setups, configured through ``cluster_kwargs``).
+        workdir: Where the ring hostfile goes (default: a temporary folder removed on stop).
+
+    Raises:
+        EngineFailure: if the engines do not all register within ``timeout_s`` (everything
+            started so far is stopped).
+    """
+    import ipyparallel as ipp
+
+    t0 = time.monotonic()
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="workbench-engines-")
+        workdir = Path(tmp.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    extra_env: dict[str, str] = {}
+    if plan.hostfile is not None:
+        hostfile = workdir / "hostfile.json"
+        hostfile.write_text(json.dumps(plan.hostfile))
+        extra_env["MLX_HOSTFILE"] = str(hostfile)
+    cluster = ipp.Cluster(n=0, controller_ip=plan.host, log_level=logging.ERROR,
+                          engine_launcher_class=engine_launcher_class, **cluster_kwargs)
+    run = EngineRun(plan, cluster, None, {}, {}, workdir, tmp)
+    try:
+        cluster.start_controller_sync()
+        for r in range(plan.num_ranks):
+            cluster.start_engines_sync(n=1, environment={**extra_env, **plan.rank_env[r], "WORKBENCH_RANK": str(r)})
+        run.client = cluster.connect_client_sync()
+        run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s)
+        for eid in run.client.ids:
+            rank, pid = run.client[eid].apply_sync(_rank_and_pid)
+            run.rank_engine[rank] = eid
+            run.pids[rank] = pid
+    except BaseException as err:
+        run.stop()
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise EngineFailure(f"engines did not start: {err}", None) from err
+    run.started_s = time.monotonic() - t0
+    return run
+
+
+def _rank_and_pid() -> tuple[int, int]:
+    import os
+
+    return int(os.environ["WORKBENCH_RANK"]), os.getpid()
