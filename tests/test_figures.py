@@ -1,6 +1,5 @@
 """Figures show exactly what the planners computed, stay small on Llama-3-70B at N=1024, and are deterministic."""
 
-import functools
 import json
 from collections import defaultdict
 
@@ -10,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workbench.presets import get_preset
 from workbench import MiB, ModelSpec, ParamSpec, format_bytes, plan_buckets, plan_shards
 from workbench import figures
 from workbench.figures import (
@@ -23,21 +23,9 @@ from workbench.figures import (
 )
 
 
-@functools.lru_cache(maxsize=None)
 def llama70b_like() -> ModelSpec:
     """Llama-3-70B's 723 arrays (shapes of the HF checkpoint), bf16."""
-    shapes = {"model.embed_tokens.weight": (128256, 8192)}
-    for i in range(80):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (8192, 8192), p + "self_attn.k_proj.weight": (1024, 8192),
-            p + "self_attn.v_proj.weight": (1024, 8192), p + "self_attn.o_proj.weight": (8192, 8192),
-            p + "mlp.gate_proj.weight": (28672, 8192), p + "mlp.up_proj.weight": (28672, 8192),
-            p + "mlp.down_proj.weight": (8192, 28672), p + "input_layernorm.weight": (8192,),
-            p + "post_attention_layernorm.weight": (8192,),
-        }
-    shapes |= {"model.norm.weight": (8192,), "lm_head.weight": (128256, 8192)}
-    return ModelSpec.from_shapes(shapes, name="llama-3-70b-like", dtype="bfloat16")
+    return get_preset("llama-3-70b")
 
 
 def small_spec(num_layers: int = 3) -> ModelSpec:

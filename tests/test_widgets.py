@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from workbench.presets import get_preset
 from workbench import MiB, ModelSpec, plan_buckets
 from workbench.figures import fig_bucket_layout, fig_layout_metrics, fig_rank_load, fig_shard_map
 from workbench.widgets import FIGURES, build_layout_explorer
@@ -24,18 +25,8 @@ def medium_spec(extra: dict | None = None) -> ModelSpec:
 
 
 def llama70b_like() -> ModelSpec:
-    shapes = {"model.embed_tokens.weight": (128256, 8192)}
-    for i in range(80):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (8192, 8192), p + "self_attn.k_proj.weight": (1024, 8192),
-            p + "self_attn.v_proj.weight": (1024, 8192), p + "self_attn.o_proj.weight": (8192, 8192),
-            p + "mlp.gate_proj.weight": (28672, 8192), p + "mlp.up_proj.weight": (28672, 8192),
-            p + "mlp.down_proj.weight": (8192, 28672), p + "input_layernorm.weight": (8192,),
-            p + "post_attention_layernorm.weight": (8192,),
-        }
-    shapes |= {"model.norm.weight": (8192,), "lm_head.weight": (128256, 8192)}
-    return ModelSpec.from_shapes(shapes, name="llama-3-70b-like", dtype="bfloat16")
+    """Llama-3-70B's 723 arrays (shapes of the HF checkpoint), bf16."""
+    return get_preset("llama-3-70b")
 
 
 def buckets_shown(explorer) -> int:
