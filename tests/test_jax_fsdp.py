@@ -25,14 +25,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from workbench.adapters.jax import spec_from_jax
-from workbench.adapters.jax_fsdp import (
-    chain_units,
-    fsdp_step,
-    fsdp_step_sharded,
-    make_ddp_step,
-    make_fsdp_step,
-    make_zero3_step,
-)
+from workbench.adapters.jax_fsdp import make_ddp_step, make_fsdp_step
+from workbench.adapters.jax_zero3 import chain_units, fsdp_step, fsdp_step_sharded, make_zero3_step
 from workbench.jax_worker import build_problem, make_optimizer, mlp_loss
 
 DEVICES = jax.devices()

@@ -1,15 +1,15 @@
 """Two real JAX processes (one CPU device each, gloo over 127.0.0.1) run DDP and FSDP.
 
 FSDP (row and flat; SGD and AdamW with clipping) must equal DDP, and both must equal a
-single-process reference written out here. The launcher never hangs: a failing worker
-or a timeout kills every worker and raises with their output.
+single-process reference written out here. The ranks are started by the workbench's one
+launcher (:func:`~workbench.launch.plan_launch` + :func:`~workbench.launch.run_local`),
+which never hangs: a failing rank or a timeout stops every rank and raises
+:class:`~workbench.launch.LaunchError` with their output.
 """
 
+import dataclasses
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,67 +21,23 @@ import pytest
 
 from workbench.adapters.jax import spec_from_jax
 from workbench.buckets import plan_buckets
-from workbench.jax_worker import CONFIGS, build_problem, make_optimizer, mlp_loss
+from workbench.jax_worker import CONFIGS, bind_gloo_to, build_problem, make_optimizer, mlp_loss, parse_args
+from workbench.launch import LaunchError, plan_launch, run_local
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
 COMMUNICATION_SIZE = 256  # bytes: the worker's default, 2 buckets for its MLP
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def jax_plan(num_processes: int = 2):
+    """A JAX plan whose ranks import this checkout's ``workbench`` whether or not it is installed."""
+    return plan_launch(num_processes, framework="jax", backend="gloo",
+                       env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
 
 
-def launch_workers(out_dir: Path, argvs: list[list[str]], timeout_s: float) -> None:
-    """Run one ``python -m workbench.jax_worker`` per argv and wait for all of them.
-
-    Raises:
-        RuntimeError: a worker exited non-zero (the others are killed at once).
-        TimeoutError: not all finished within ``timeout_s`` seconds (all are killed).
-        Both messages hold every worker's exit code and output.
-    """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    procs, logs, error = [], [], None
-    try:
-        for i, argv in enumerate(argvs):
-            logs.append(open(out_dir / f"worker{i}.log", "w+b"))
-            procs.append(subprocess.Popen([sys.executable, "-m", "workbench.jax_worker", *argv], cwd=REPO, env=env,
-                                          stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + timeout_s
-        while error is None:
-            codes = [p.poll() for p in procs]
-            if all(c == 0 for c in codes):
-                return
-            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                error = RuntimeError, f"worker(s) {failed} failed"
-            elif time.monotonic() > deadline:
-                error = TimeoutError, f"workers still running after {timeout_s} s"
-            else:
-                time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait(timeout=30)
-        outputs = []
-        for i, (p, log) in enumerate(zip(procs, logs)):
-            log.seek(0)
-            outputs.append(f"--- worker {i} (exit {p.returncode}) ---\n{log.read().decode(errors='replace')[-4000:]}")
-            log.close()
-    if error is not None:
-        raise error[0](error[1] + "\n" + "\n".join(outputs))
-
-
-def worker_argvs(out_dir: Path, num_processes: int = 2, extra: list[list[str]] | None = None) -> list[list[str]]:
-    common = ["--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", str(num_processes), "--steps", str(STEPS)]
-    extra = extra or [[] for _ in range(num_processes)]
-    return [common + ["--process-id", str(i), "--out", str(out_dir / f"rank{i}.json"), *extra[i]]
-            for i in range(num_processes)]
+def worker_argv(out_dir: Path, *extra: str) -> list[str]:
+    """The same argv for every rank: coordinator, process count and id come from the plan's environment."""
+    return ["-m", "workbench.jax_worker", "--out", str(out_dir / "rank{process_id}.json"), "--steps", str(STEPS), *extra]
 
 
 def reference_run(params, batch, opt_name, max_norm):
@@ -114,8 +70,7 @@ def assert_params_close(actual: dict, expected: dict, what: str, rtol: float = 1
 
 
 def test_two_processes_fsdp_equals_ddp_and_single_process_reference(tmp_path):
-    argvs = worker_argvs(tmp_path)
-    launch_workers(tmp_path, argvs, timeout_s=120)
+    run_local(jax_plan(2), worker_argv(tmp_path), timeout_s=120, workdir=tmp_path)
     records = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
     for i, r in enumerate(records):
         assert (r["process_id"], r["num_processes"], r["num_devices"], r["num_local_devices"]) == (i, 2, 2, 1)
@@ -147,19 +102,50 @@ def test_two_processes_fsdp_equals_ddp_and_single_process_reference(tmp_path):
     assert not np.allclose(results["fsdp-row-sgd"]["params"]["l0.w"], params["l0"]["w"])
 
 
-def test_a_failing_worker_stops_the_run_and_reports_its_output(tmp_path):
-    """Worker 1 dies at once (bad argument); worker 0, waiting for it at the coordinator, is killed."""
-    argvs = worker_argvs(tmp_path, extra=[[], ["--steps", "three"]])
+def test_a_failing_rank_stops_the_run_and_reports_its_output(tmp_path):
+    """Rank 1 dies at once (a malformed process id in its environment); rank 0, waiting for it
+    at the coordinator, is stopped."""
+    plan = jax_plan(2)
+    plan = dataclasses.replace(plan, rank_env=(plan.rank_env[0], {**plan.rank_env[1], "WORKBENCH_PROCESS_ID": "one"}))
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"(?s)worker\(s\) \[1\] failed.*exit 2.*invalid int value: 'three'"):
-        launch_workers(tmp_path, argvs, timeout_s=120)
+    with pytest.raises(LaunchError, match=r"(?s)rank 1 of 2 exited with code 2.*WORKBENCH_PROCESS_ID='one'") as info:
+        run_local(plan, worker_argv(tmp_path), timeout_s=120, workdir=tmp_path)
     assert time.monotonic() - start < 30
+    assert info.value.rank == 1
 
 
-def test_a_hung_run_times_out_and_kills_every_worker(tmp_path):
-    """Only one of two processes starts: the other never joins, so the run must time out, not hang."""
-    argv = worker_argvs(tmp_path)[:1]
+def test_a_hung_run_times_out_and_stops_every_rank(tmp_path):
+    """Both ranks wait at the coordinator for a third process (the flag overrides the plan's
+    count) that never starts: the run must time out, not hang."""
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"(?s)still running after 3 s.*worker 0 \(exit -9\)"):
-        launch_workers(tmp_path, argv, timeout_s=3)
+    with pytest.raises(LaunchError, match=r"timed out after 3 s \(ranks \[0, 1\] still running, stopped\)") as info:
+        run_local(jax_plan(2), worker_argv(tmp_path, "--num-processes", "3"), timeout_s=3, workdir=tmp_path)
     assert time.monotonic() - start < 30
+    assert info.value.rank is None
+    assert not list(tmp_path.glob("rank*.json"))
+
+
+def test_worker_reads_the_plan_environment_and_flags_override_it():
+    plan = jax_plan(2)
+    args = [parse_args(["--out", "r{process_id}.json"], env) for env in plan.rank_env]
+    assert [(a.coordinator, a.num_processes, a.process_id, a.backend, a.out) for a in args] == [
+        (plan.coordinator, 2, r, "gloo", f"r{r}.json") for r in range(2)]
+    a = parse_args(["--out", "o.json", "--coordinator", "h:1", "--num-processes", "3", "--process-id", "2"], plan.rank_env[0])
+    assert (a.coordinator, a.num_processes, a.process_id) == ("h:1", 3, 2)
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "o.json"], {})
+
+
+@pytest.mark.parametrize("missing", ["module", "attribute"])
+def test_bind_gloo_to_returns_false_when_jax_moves_its_private_hook(monkeypatch, missing):
+    import sys
+
+    import jax._src
+    from jax._src import xla_bridge
+
+    if missing == "module":  # ``from jax._src import xla_bridge`` raises ImportError
+        monkeypatch.delattr(jax._src, "xla_bridge")
+        monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", None)
+    else:  # ``xla_bridge._jax`` is gone: AttributeError
+        monkeypatch.delattr(xla_bridge, "_jax")
+    assert bind_gloo_to("127.0.0.1") is False

@@ -1,6 +1,15 @@
 """One process of a real multi-process JAX run on CPU: DDP and FSDP on a global mesh, results as JSON.
 
-Usage (one command per process; process 0 hosts the coordinator)::
+Usage: through the launcher, which sets each rank's ``WORKBENCH_COORDINATOR``,
+``WORKBENCH_NUM_PROCESSES``, ``WORKBENCH_PROCESS_ID``, ``WORKBENCH_BACKEND`` and the JAX
+CPU flags (:func:`workbench.launch.plan_launch`; ``{process_id}`` in ``--out`` becomes the
+rank)::
+
+    run_local(plan_launch(2, framework="jax"),
+              ["-m", "workbench.jax_worker", "--out", "run_{process_id}.json"])
+
+or by hand, one command per process (process 0 hosts the coordinator); a flag given
+overrides its environment variable::
 
     XLA_FLAGS=--xla_force_host_platform_device_count=1 JAX_PLATFORMS=cpu \\
     python -m workbench.jax_worker --coordinator 127.0.0.1:PORT --num-processes 2 \\
@@ -130,37 +139,74 @@ def bind_gloo_to(host: str) -> bool:
     ``make_gloo_tcp_collectives(distributed_client=...)`` without ``hostname``, and gloo
     then listens on whatever this machine's hostname resolves to (possibly a public
     interface). This wraps that private factory to pass ``hostname=host``; if a later JAX
-    moves it, nothing is patched and gloo keeps its default.
+    moves it (or the private module itself), nothing is patched, gloo keeps its default,
+    and this returns False.
     """
     import functools
 
-    from jax._src import xla_bridge
+    try:
+        from jax._src import xla_bridge
 
-    make = getattr(xla_bridge._jax, "make_gloo_tcp_collectives", None)
+        make = getattr(xla_bridge._jax, "make_gloo_tcp_collectives", None)
+    except (ImportError, AttributeError):
+        return False
     if make is None or isinstance(make, functools.partial):
         return make is not None
     xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname=host)
     return True
 
 
-def main(argv: list[str] | None = None) -> None:
+#: Flag -> the environment variable (set by :func:`workbench.launch.plan_launch`) read when it is absent.
+ENV = {"coordinator": "WORKBENCH_COORDINATOR", "num_processes": "WORKBENCH_NUM_PROCESSES",
+       "process_id": "WORKBENCH_PROCESS_ID", "backend": "WORKBENCH_BACKEND"}
+BACKENDS = ("gloo", "default")
+
+
+def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> argparse.Namespace:
+    """The worker's arguments; each flag of :data:`ENV` that is absent is read from its variable.
+
+    ``--backend`` defaults to ``gloo``; ``{process_id}`` in ``--out`` becomes the process id.
+    Exits with status 2 (``argparse``'s), naming the flag and the variable, when neither is
+    given or the variable's value is malformed.
+    """
+    environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--coordinator", required=True, help="host:port of process 0's coordinator, e.g. 127.0.0.1:1234")
-    parser.add_argument("--num-processes", type=int, required=True)
-    parser.add_argument("--process-id", type=int, required=True)
-    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--coordinator", help="host:port of process 0's coordinator, e.g. 127.0.0.1:1234")
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--process-id", type=int)
+    parser.add_argument("--backend", choices=BACKENDS, help="CPU collectives (default: gloo)")
+    parser.add_argument("--out", required=True, help="JSON file to write; '{process_id}' is replaced by the rank")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--communication-size", type=int, default=256, help="FSDP bucket cap in bytes")
     parser.add_argument("--timeout-s", type=int, default=60, help="distributed initialisation timeout")
     args = parser.parse_args(argv)
+    for name, var in ENV.items():
+        flag, value = "--" + name.replace("_", "-"), environ.get(var) or ("gloo" if name == "backend" else "")
+        if getattr(args, name) is not None:
+            continue
+        if not value:
+            parser.error(f"{flag} is required when {var} is not set.")
+        if name in ("num_processes", "process_id") and not value.isdigit():
+            parser.error(f"{flag} is not given and {var}={value!r} is not a non-negative integer.")
+        if name == "backend" and value not in BACKENDS:
+            parser.error(f"{flag} is not given and {var}={value!r} is not one of {BACKENDS}.")
+        setattr(args, name, int(value) if name in ("num_processes", "process_id") else value)
+    args.out = args.out.replace("{process_id}", str(args.process_id))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     import jax
     from jax.sharding import Mesh
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     host, port = args.coordinator.rsplit(":", 1)
-    gloo_bound = bind_gloo_to(host)
+    gloo_bound = False
+    if args.backend == "gloo":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        gloo_bound = bind_gloo_to(host)
     jax.distributed.initialize(
         coordinator_address=args.coordinator,
         num_processes=args.num_processes,
