@@ -1,0 +1,262 @@
+"""Training runs on real engines: a validated run spec, the per-rank job, and the driver.
+
+* :class:`RunSpec` -- everything that defines a run; validated before any engine starts,
+  with errors naming the field.
+* :func:`train_rank` -- runs on each engine: one rank of a small decoder LM
+  (:mod:`workbench.models`) trained on Markov-chain tokens (:mod:`workbench.data`), each
+  rank on its slice of the global batch, so every strategy computes the same global step.
+  Every step is appended to the run store as it happens.
+* :func:`run_training` -- plans the launch, starts engines, watches progress, and records
+  the outcome: done, or failed with the error and the rank at fault. A step that does not
+  finish within ``step_timeout_s`` (a hung collective, MLX #4475) fails the run instead of
+  hanging the notebook.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .buckets import plan_buckets
+from .engines import EngineFailure, EngineRun, start_engines
+from .launch import plan_launch
+from .models.init import LMConfig, lm_param_shapes
+from .runstore import RunStore
+from .shards import plan_shards
+from .specs import ModelSpec
+
+STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")
+DEFAULT_MODEL = dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """One training run. Field names are what error messages and stored records use."""
+
+    framework: str = "mlx"
+    strategy: str = "ddp"
+    num_ranks: int = 2
+    steps: int = 200
+    global_batch: int = 16
+    model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
+    optimizer: str = "adamw"
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.0
+    precision: str = "float32"
+    communication_size: int = 32 * 2**20
+    max_norm: float | None = None
+    init_seed: int = 0
+    data_seed: int = 0
+    concentration: float = 0.1
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"RunSpec.{name}={getattr(self, name)!r}: {why}")
+
+        if self.framework not in ("mlx", "jax"):
+            raise bad("framework", "choose 'mlx' or 'jax'")
+        if self.strategy not in STRATEGIES:
+            raise bad("strategy", f"unknown strategy; choose one of {', '.join(STRATEGIES)}")
+        if self.strategy == "fsdp-full" and self.framework == "mlx":
+            raise bad("strategy", "full parameter sharding runs in JAX only for now (MLX needs issue 7's fully_shard on every backend)")
+        for name in ("num_ranks", "steps", "global_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(name, "must be an integer >= 1")
+        if self.global_batch % self.num_ranks:
+            raise bad("global_batch", f"must be divisible by num_ranks={self.num_ranks} (each rank takes an equal slice)")
+        if self.optimizer not in ("sgd", "adamw"):
+            raise bad("optimizer", "choose 'sgd' or 'adamw'")
+        if self.precision not in ("float32", "bfloat16"):
+            raise bad("precision", "choose 'float32' or 'bfloat16'")
+        if not self.learning_rate > 0:
+            raise bad("learning_rate", "must be > 0")
+        if self.max_norm is not None and not self.max_norm > 0:
+            raise bad("max_norm", "must be > 0 or None")
+        config = self.config  # validates the model fields, naming them
+        if self.strategy in ("fsdp-row", "fsdp-flat"):
+            spec = ModelSpec.from_shapes(dict(lm_param_shapes(config)), name="lm", dtype=self.precision)
+            try:
+                plan_shards(plan_buckets(spec, self.communication_size), self.num_ranks, self.strategy.split("-")[1])
+            except ValueError as err:
+                raise bad("strategy", str(err)) from None
+
+    @property
+    def config(self) -> LMConfig:
+        try:
+            return LMConfig(**self.model)
+        except TypeError as err:
+            raise ValueError(f"RunSpec.model: {err}") from None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _peak_memory_mlx() -> int:
+    import mlx.core as mx
+
+    return int(mx.get_peak_memory())
+
+
+def _train_mlx(spec: RunSpec, handle) -> dict:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients
+    from .data import make_markov_chain, rank_slice, sample_batch
+    from .models.init import init_lm_params
+    from .models.mlx_lm import MLXLM, lm_loss, load_params
+
+    group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
+    rank, size = group.rank(), group.size()
+    cfg = spec.config
+    model = MLXLM(cfg)
+    load_params(model, init_lm_params(cfg, spec.init_seed))
+    if spec.precision == "bfloat16":
+        model.set_dtype(mx.bfloat16)
+    opt = (optim.AdamW(spec.learning_rate, weight_decay=spec.weight_decay, bias_correction=True)
+           if spec.optimizer == "adamw" else optim.SGD(spec.learning_rate))
+    loss_and_grad = nn.value_and_grad(model, lm_loss)
+    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
+    # Always ask for the norm (an infinite max_norm clips nothing) so every run records it.
+    max_norm = spec.max_norm if spec.max_norm is not None else math.inf
+    report: dict = {}
+    mx.reset_peak_memory()
+    for step in range(spec.steps):
+        local = rank_slice(sample_batch(chain, step, spec.global_batch, cfg.seq_len, seed=spec.data_seed), rank, size)
+        inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
+        t0 = time.perf_counter()
+        loss, grads = loss_and_grad(model, inputs, targets)
+        params = model.trainable_parameters()
+        if spec.strategy == "ddp":
+            params, norm = ddp_apply_gradients(grads, params, opt, group, spec.communication_size, max_norm=max_norm)
+        else:
+            params, norm = fsdp_apply_gradients(grads, params, opt, group, None, spec.communication_size, None, max_norm,
+                                                spec.strategy.split("-")[1], report=report)
+        model.update(params)
+        mx.eval(model.parameters(), opt.state, loss, norm)
+        handle.append_steps([{
+            "step": step, "rank": rank, "loss": loss.item(), "grad_norm": norm.item(),
+            "step_time_s": time.perf_counter() - t0, "peak_memory_bytes": _peak_memory_mlx(),
+        }])
+    return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
+            "collective_path": report.get("reduce_scatter_path", "all_reduce"),
+            "ring_transport": report.get("ring_transport"), "peak_memory_bytes": _peak_memory_mlx(),
+            "versions": _versions()}
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("mlx", "jax", "jaxlib", "flax", "optax", "numpy", "fsdp-workbench"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def train_rank(spec_dict: dict, runs_root: str, run_id: str) -> dict:
+    """One rank of a run (executed on an engine whose environment comes from the launch plan)."""
+    spec = RunSpec(**spec_dict)
+    handle = RunStore(Path(runs_root)).open(run_id)
+    if spec.framework == "mlx":
+        return _train_mlx(spec, handle)
+    from .train_jax import train_jax
+
+    return train_jax(spec, handle)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What became of a run: ``status`` is "done", "failed" or "skipped" (already done)."""
+
+    run_id: str
+    status: str
+    error: str | None = None
+    rank: int | None = None
+    seconds: float = 0.0
+    engines_ready_s: float = 0.0
+
+
+class StepWatchdog:
+    """Fails a run whose steps stop arriving (polls the size of its steps file, cheaply)."""
+
+    def __init__(self, steps_path: Path, step_timeout_s: float, startup_timeout_s: float,
+                 progress: Callable[[int], None] | None = None, num_ranks: int = 1):
+        self.path, self.step_timeout_s, self.startup_timeout_s = steps_path, step_timeout_s, startup_timeout_s
+        self.progress, self.num_ranks = progress, num_ranks
+        self.size, self.lines, self.last_change = -1, 0, time.monotonic()
+
+    def __call__(self) -> None:
+        size = self.path.stat().st_size if self.path.exists() else 0
+        now = time.monotonic()
+        if size != self.size:
+            self.size, self.last_change = size, now
+            self.lines = self.path.read_bytes().count(b"\n") if size else 0
+            if self.progress is not None:
+                self.progress(self.lines // self.num_ranks)
+            return
+        limit = self.step_timeout_s if self.lines else self.startup_timeout_s
+        if now - self.last_change > limit:
+            step = self.lines // self.num_ranks
+            raise EngineFailure(
+                f"no step finished for {limit:.0f} s after step {step - 1 if step else 'start'} "
+                f"(a hung collective? MLX ring all_sum is known to deadlock, MLX #4475); engines stopped", None)
+
+
+def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float = 60.0, startup_timeout_s: float = 180.0,
+                 timeout_s: float = 3600.0, progress: Callable[[int], None] | None = None,
+                 on_engines: Callable[[EngineRun], None] | None = None, skip_done: bool = True) -> RunOutcome:
+    """Run ``spec`` on ``spec.num_ranks`` local engines and record it under ``runs_root``.
+
+    Args:
+        spec: The run (already validated: a bad spec never reaches an engine).
+        runs_root: The run store's folder.
+        step_timeout_s: Longest wait for the next step once the first has finished.
+        startup_timeout_s: Longest wait for the first step (imports, compilation).
+        timeout_s: Longest wait for the whole run.
+        progress: Called with the number of steps every rank has finished, as they arrive.
+        on_engines: Called with the started engines (tests use it to inject faults).
+        skip_done: Return at once if the store already holds this spec, done.
+
+    Returns:
+        A :class:`RunOutcome`; a failed run is recorded as failed (steps kept), not raised.
+    """
+    store = RunStore(Path(runs_root))
+    spec_dict = spec.to_dict()
+    if skip_done and store.is_done(spec_dict):
+        from .runstore import run_id_for
+
+        return RunOutcome(run_id_for(spec_dict), "skipped")
+    handle = store.create(spec_dict, meta={"backend": "ring" if spec.framework == "mlx" else "gloo"})
+    t0 = time.monotonic()
+    plan = plan_launch(spec.num_ranks, framework=spec.framework)
+    watchdog = StepWatchdog(handle.folder / "steps.jsonl", step_timeout_s, startup_timeout_s, progress, spec.num_ranks)
+    try:
+        with start_engines(plan) as engines:
+            if on_engines is not None:
+                on_engines(engines)
+            results = engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id)] * spec.num_ranks,
+                                    timeout_s=timeout_s, on_poll=watchdog, poll_s=0.1)
+            ready_s = engines.started_s
+    except EngineFailure as err:
+        handle.fail(str(err), err.rank)
+        return RunOutcome(handle.run_id, "failed", str(err), err.rank, time.monotonic() - t0)
+    except BaseException as err:  # interrupted: recorded, then re-raised
+        handle.fail(f"{type(err).__name__}: {err}", None)
+        raise
+    handle.finish({"ranks": results, "engines_ready_s": ready_s})
+    return RunOutcome(handle.run_id, "done", seconds=time.monotonic() - t0, engines_ready_s=ready_s)
+
+
+def spec_summary(spec: RunSpec) -> dict[str, Any]:
+    """The fields that tell runs apart in tables and legends."""
+    return {"framework": spec.framework, "strategy": spec.strategy, "num_ranks": spec.num_ranks,
+            "optimizer": spec.optimizer, "precision": spec.precision}
