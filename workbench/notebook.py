@@ -74,3 +74,12 @@ def describe_environment() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
     return out
+
+
+def runs_dir(name: str) -> "Path":
+    """Where a notebook stores its runs: ``$WORKBENCH_RUNS/name``, else ``<repo>/runs/name`` (git-ignored)."""
+    from pathlib import Path
+
+    root = os.environ.get("WORKBENCH_RUNS")
+    base = Path(root) if root else Path(__file__).resolve().parent.parent / "runs"
+    return base / name

@@ -120,12 +120,17 @@ class RunHandle:
         """``"running"``, ``"done"`` or ``"failed"``."""
         return self.record["status"]
 
-    def append_steps(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Append step rows to ``steps.jsonl``, then fsync, so a crash loses at most the step in flight.
+    def append_steps(self, rows: Iterable[Mapping[str, Any]], *, durable: bool = False) -> None:
+        """Append step rows to ``steps.jsonl``, so a crash loses at most the step in flight.
+
+        A completed ``write`` is in the kernel's page cache and survives the writing process
+        being killed, which is the crash this guards against; ``durable=True`` also fsyncs,
+        surviving a machine crash at ~1.3 ms a call (7% of a 20 ms training step).
 
         Args:
             rows: Mappings with at least ``step``, ``rank``, ``loss``, ``grad_norm``
                 and ``step_time_s`` (seconds); e.g. ``peak_memory_bytes`` and any other keys are kept.
+            durable: fsync after writing.
 
         Raises:
             ValueError: naming the first missing key and the row's position.
@@ -141,7 +146,8 @@ class RunHandle:
             for line in lines:  # one write per line: O_APPEND keeps lines whole
                 if os.write(fd, line) != len(line):
                     raise OSError(f"short write to {self.folder / STEPS_FILE}")
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
 
@@ -243,7 +249,9 @@ class LoadResult:
     problems: list[tuple[str, str]]
 
 
-def _read_steps(path: Path, run_id: str, problems: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def read_steps(path: Path, run_id: str = "", problems: list[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """The step rows of one steps.jsonl; unreadable lines go to ``problems`` (the rest are kept)."""
+    problems = [] if problems is None else problems
     lines = path.read_bytes().split(b"\n")
     rows = []
     for i, line in enumerate(lines):
@@ -288,7 +296,7 @@ def load_runs(root: str | os.PathLike) -> LoadResult:
             continue
         records.append(record)
         if (folder / STEPS_FILE).is_file():
-            steps.extend(_read_steps(folder / STEPS_FILE, record["run_id"], problems))
+            steps.extend(read_steps(folder / STEPS_FILE, record["run_id"], problems))
     runs = pd.json_normalize(records, sep=".") if records else pd.DataFrame(columns=["run_id", "status"])
     steps_df = pd.DataFrame(steps) if steps else pd.DataFrame(columns=["run_id", *STEP_KEYS])
     return LoadResult(runs=runs, steps=steps_df, problems=problems)
