@@ -12,7 +12,7 @@ def store_run(store, spec, losses, *, step_times=(0.02, 0.03), peak=2**20, done=
     handle = store.create(spec.to_dict())
     for step, loss in enumerate(losses):
         handle.append_steps([{"step": step, "rank": r, "loss": loss + (0.1 if r else -0.1), "grad_norm": 1.0,
-                              "step_time_s": step_times[r], "peak_memory_bytes": peak * (r + 1)} for r in range(2)])
+                              "step_time_s": step_times[r], "peak_rss_bytes": peak * (r + 1)} for r in range(2)])
     if done:
         handle.finish({})
     return handle.run_id
@@ -31,7 +31,7 @@ def test_summary_means_ranks_takes_slowest_rank_and_compares_to_the_ddp_twin(tmp
     assert summary.loc[row, "final_loss"] == np.float64(1.5 + 1e-7)  # mean of 1.4+1e-7 and 1.6+1e-7
     assert abs(summary.loc[row, "max_abs_loss_diff_to_ddp"] - 1e-7) < 1e-12
     assert summary.loc[ddp, "median_step_ms"] == 30.0  # the slowest rank ends the step
-    assert summary.loc[ddp, "peak_memory_mib"] == 2.0
+    assert summary.loc[ddp, "peak_rss_mib"] == 2.0 and summary.loc[ddp, "peak_array_mib"] is None
     assert np.isnan(summary.loc[other, "max_abs_loss_diff_to_ddp"])
     curves = fig_loss_curves(loaded, floor_nats=0.7)
     assert {t.name for t in curves.data} == {"mlx ddp", "mlx fsdp-row", "mlx fsdp-flat"}

@@ -35,7 +35,7 @@ def test_every_strategy_runs_and_stores_every_rank_step(jax_runs):
         rows = loaded.steps[loaded.steps.run_id == outcome.run_id]
         assert sorted(zip(rows.step, rows["rank"])) == [(s, r) for s in range(STEPS) for r in range(RANKS)]
         assert set(rows.loss_scope) == {"global"}
-        assert (rows.grad_norm > 0).all() and (rows.step_time_s > 0).all() and (rows.peak_memory_bytes > 0).all()
+        assert (rows.grad_norm > 0).all() and (rows.step_time_s > 0).all() and (rows.peak_rss_bytes > 0).all()
 
 
 def test_strategies_reproduce_ddp_loss_curve(jax_runs):
@@ -62,4 +62,4 @@ def test_rank_summaries_name_the_collective_path(jax_runs):
         assert [r["rank"] for r in ranks] == list(range(RANKS))
         for r in ranks:
             assert r["backend"] == "gloo" and r["collective_path"] == expected[strategy], (strategy, r)
-            assert r["peak_memory_bytes"] > 0 and "jax" in r["versions"]
+            assert r["peak_rss_bytes"] > 0 and "jax" in r["versions"]

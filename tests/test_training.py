@@ -38,6 +38,8 @@ def test_strategies_converge_identically_and_are_stored(mlx_runs):
     assert curves["ddp"][-1] < curves["ddp"][0]
     for strategy in ("fsdp-row", "fsdp-flat"):
         np.testing.assert_allclose(curves[strategy], curves["ddp"], rtol=1e-5)
+    assert (steps.peak_rss_bytes > 2**20).all() and (steps.peak_array_bytes > 0).all()
+    assert (steps.peak_array_bytes < steps.peak_rss_bytes).all()  # arrays live inside the process
     records = loaded.runs.set_index("run_id")
     assert (records.loc[outcomes["fsdp-flat"].run_id, "status"]) == "done"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,8 @@ def describe_environment() -> dict[str, str]:
     return out
 
 
-def runs_dir(name: str) -> "Path":
+def runs_dir(name: str) -> Path:
     """Where a notebook stores its runs: ``$WORKBENCH_RUNS/name``, else ``<repo>/runs/name`` (git-ignored)."""
-    from pathlib import Path
-
     root = os.environ.get("WORKBENCH_RUNS")
     base = Path(root) if root else Path(__file__).resolve().parent.parent / "runs"
     return base / name

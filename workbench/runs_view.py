@@ -49,7 +49,8 @@ def ddp_twin(runs: pd.DataFrame, run_id: str) -> str | None:
 
 
 def summarize_runs(loaded) -> pd.DataFrame:
-    """One row per run: label, status, final loss, median step time, peak memory, and max |loss - DDP's|."""
+    """One row per run: label, status, final loss, median step time, peak memory (process RSS, and
+    MLX's array peak where recorded), and max |loss - DDP's|."""
     runs, curves = loaded.runs, loss_curves(loaded)
     rows = []
     for _, run in runs.iterrows():
@@ -66,10 +67,18 @@ def summarize_runs(loaded) -> pd.DataFrame:
             "run": run_label(run), "run_id": run.run_id, "status": run.status, "steps": len(mine),
             "final_loss": float(mine.loss.iloc[-1]) if len(mine) else None,
             "median_step_ms": float(steady.step_time_s.median() * 1e3) if len(steady) else None,
-            "peak_memory_mib": float(steps.peak_memory_bytes.max() / 2**20) if "peak_memory_bytes" in steps and len(steps) else None,
+            # Process peak RSS is comparable across frameworks; MLX also reports its arrays' peak.
+            "peak_rss_mib": _max_mib(steps, "peak_rss_bytes"),
+            "peak_array_mib": _max_mib(steps, "peak_array_bytes"),
             "max_abs_loss_diff_to_ddp": diff,
         })
     return pd.DataFrame(rows)
+
+
+def _max_mib(steps: pd.DataFrame, column: str) -> float | None:
+    if column not in steps or steps[column].isna().all():
+        return None
+    return float(steps[column].max() / 2**20)
 
 
 def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 420) -> go.Figure:
@@ -105,11 +114,11 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
 
 
 def fig_step_time_memory(summary: pd.DataFrame, *, height: int = 360) -> go.Figure:
-    """Median step time and peak memory per rank, per run (from :func:`summarize_runs`)."""
+    """Median step time and peak process memory (RSS) per rank, per run (from :func:`summarize_runs`)."""
     fig = go.Figure(layout=dict(template=TEMPLATE, height=height, barmode="group",
-                                title="Step time (median after warm-up, slowest rank) and peak memory per rank",
+                                title="Step time (median after warm-up, slowest rank) and peak process memory (RSS) per rank",
                                 yaxis=dict(title="ms per step"), yaxis2=dict(title="MiB", overlaying="y", side="right")))
     fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.median_step_ms.tolist(), name="step time (ms)", offsetgroup=0))
-    fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.peak_memory_mib.tolist(), name="peak memory (MiB)",
+    fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.peak_rss_mib.tolist(), name="peak RSS (MiB)",
                          yaxis="y2", offsetgroup=1))
     return fig

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["init_distributed", "lm_units", "make_optimizer", "peak_rss_bytes", "train_jax"]
+__all__ = ["init_distributed", "lm_units", "make_optimizer", "train_jax"]
 
 
 def init_distributed(timeout_s: int = 120) -> tuple[int, int]:
@@ -133,20 +133,6 @@ def make_optimizer(spec) -> Any:
     return optax.sgd(spec.learning_rate)
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process in bytes (``ru_maxrss``; psutil's current RSS if unavailable)."""
-    try:
-        import resource
-        import sys
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
-    except (ImportError, OSError):
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-
-
 def _memory_stats(lowered) -> dict | None:
     """XLA's ``memory_analysis()`` of the compiled step as ``{field: bytes}``, or None if unavailable."""
     try:
@@ -163,15 +149,15 @@ def train_jax(spec, handle) -> dict:
     """One rank of a JAX run of ``spec`` (a :class:`~workbench.training.RunSpec`), appending to ``handle``.
 
     Every step appends ``{"step", "rank", "loss", "loss_scope": "global", "grad_norm",
-    "step_time_s", "peak_memory_bytes"}``: ``loss`` is the *global* mean loss of the step
+    "step_time_s", "peak_rss_bytes"}``: ``loss`` is the *global* mean loss of the step
     (the same on every rank; MLX records each rank's local mean, see the module
     docstring), ``grad_norm`` the norm of the averaged gradient before clipping,
     ``step_time_s`` the wall time of the step until its results are ready (step 0
-    excludes compilation, done up front), ``peak_memory_bytes`` the process's peak RSS.
+    excludes compilation, done up front), ``peak_rss_bytes`` the process's peak RSS.
 
     Returns:
         ``{"rank", "backend", "collective_path" ("psum_scatter" for FSDP and ZeRO-3,
-        "psum" for DDP, "none" on one rank), "num_collectives", "peak_memory_bytes",
+        "psum" for DDP, "none" on one rank), "num_collectives", "peak_rss_bytes",
         "versions"}`` and, when XLA reports it, ``"compiled_memory"`` (the compiled
         step's ``memory_analysis()`` in bytes).
     """
@@ -187,7 +173,7 @@ def train_jax(spec, handle) -> dict:
     from .data import make_markov_chain, sample_batch
     from .models.init import init_lm_params
     from .models.jax_lm import make_loss_fn
-    from .training import _versions
+    from .training import _versions, peak_rss_bytes
 
     cfg = spec.config
     # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
@@ -236,11 +222,11 @@ def train_jax(spec, handle) -> dict:
         handle.append_steps([{
             "step": i, "rank": rank, "loss": float(np.asarray(metrics["loss"].addressable_data(0))),
             "loss_scope": "global", "grad_norm": float(np.asarray(metrics["grad_norm"].addressable_data(0))),
-            "step_time_s": elapsed, "peak_memory_bytes": peak_rss_bytes(),
+            "step_time_s": elapsed, "peak_rss_bytes": peak_rss_bytes(),
         }])
     path = "none" if size == 1 else "psum" if spec.strategy == "ddp" else "psum_scatter"
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"), "collective_path": path,
-               "num_collectives": int(step.num_collectives), "peak_memory_bytes": peak_rss_bytes(),
+               "num_collectives": int(step.num_collectives), "peak_rss_bytes": peak_rss_bytes(),
                "versions": _versions()}
     if compiled_memory is not None:
         summary["compiled_memory"] = compiled_memory

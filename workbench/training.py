@@ -96,7 +96,22 @@ class RunSpec:
         return asdict(self)
 
 
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process in bytes (``ru_maxrss``; psutil's current RSS if unavailable)."""
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+    except (ImportError, OSError):
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+
 def _peak_memory_mlx() -> int:
+    """Peak bytes of MLX arrays (``mx.get_peak_memory``), since the run started."""
     import mlx.core as mx
 
     return int(mx.get_peak_memory())
@@ -142,11 +157,13 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
         mx.eval(model.parameters(), opt.state, loss, norm)
         handle.append_steps([{
             "step": step, "rank": rank, "loss": loss.item(), "grad_norm": norm.item(),
-            "step_time_s": time.perf_counter() - t0, "peak_memory_bytes": _peak_memory_mlx(),
+            "step_time_s": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes(),
+            "peak_array_bytes": _peak_memory_mlx(),
         }])
     return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
             "collective_path": report.get("reduce_scatter_path", "all_reduce"),
-            "ring_transport": report.get("ring_transport"), "peak_memory_bytes": _peak_memory_mlx(),
+            "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
+            "peak_array_bytes": _peak_memory_mlx(),
             "versions": _versions()}
 
 
