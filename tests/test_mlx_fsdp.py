@@ -199,3 +199,20 @@ def test_mixed_dtypes_keep_their_own_buckets_and_dtypes(layout):
     want = optim.SGD(0.1).apply_gradients(grads, params)
     for k in params:
         np.testing.assert_array_equal(np.array(new[k].astype(mx.float32)), np.array(want[k].astype(mx.float32)))
+
+
+def test_launch_plans_wire_each_backend():
+    ring = plan_launch(3, framework="mlx", backend="ring", ports=[7001, 7002, 7003])
+    assert ring.hostfile == [["127.0.0.1:7001"], ["127.0.0.1:7002"], ["127.0.0.1:7003"]]
+    assert [e["MLX_RANK"] for e in ring.rank_env] == ["0", "1", "2"]
+    nccl = plan_launch(2, framework="mlx", backend="nccl", ports=[7100])
+    assert nccl.hostfile is None
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["NCCL_PORT"], e["MLX_WORLD_SIZE"]) for e in nccl.rank_env] == [("0", "7100", "2"), ("1", "7100", "2")]
+    jax = plan_launch(2, framework="jax", ports=[7200])
+    assert jax.coordinator == "127.0.0.1:7200" and [e["WORKBENCH_PROCESS_ID"] for e in jax.rank_env] == ["0", "1"]
+    with pytest.raises(ValueError, match="ports"):
+        plan_launch(2, framework="mlx", backend="ring", ports=[7001])
+    with pytest.raises(ValueError, match="num_ranks"):
+        plan_launch(0)
+    with pytest.raises(ValueError, match="gloo"):
+        plan_launch(2, framework="mlx", backend="gloo")

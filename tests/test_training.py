@@ -95,3 +95,12 @@ def test_a_hung_collective_becomes_a_failed_run(tmp_path):
                            on_engines=freeze_rank_one_after_two_steps, progress=lambda d: holder.get("progress", print)(d))
     assert outcome.status == "failed" and "no step finished for 3 s" in outcome.error
     assert time.monotonic() - t0 < 60
+
+
+def test_the_backends_capabilities_are_recorded_with_the_run(mlx_runs):
+    root, outcomes = mlx_runs
+    ranks = load_runs(root).runs.set_index("run_id").loc[outcomes["fsdp-flat"].run_id, "summary.ranks"]
+    for r in ranks:  # ring: no sum_scatter ("[ring] sum_scatter not supported."), no Group.split
+        assert r["backend"] == "ring" and r["capabilities"] == {"sum_scatter": False, "group_split": False}
+        assert r["collective_path"] == "ring" and r["ring_transport"] == "all_gather exchange"
+        assert r["peak_rss_bytes"] > r["peak_array_bytes"] > 0 and "mlx" in r["versions"]

@@ -32,7 +32,8 @@ class LaunchPlan:
         backend: MLX: ``"ring"``, ``"mpi"``, ``"nccl"``; JAX: ``"gloo"`` (CPU collectives) or ``"default"``.
         num_ranks: Processes to start.
         host: Address every rank binds to (loopback by default).
-        ports: One port per rank (MLX ring), or one coordinator port (JAX).
+        ports: One port per rank (MLX ring), or one rendezvous port (MLX NCCL, the JAX coordinator;
+            MLX MPI: unused, mpirun wires the ranks).
         rank_env: Per-rank environment variables (without the hostfile path, which the
             executor writes).
     """
@@ -92,7 +93,7 @@ def plan_launch(
     backend = backend or BACKENDS[framework][0]
     if backend not in BACKENDS[framework]:
         raise ValueError(f"Unknown {framework} backend {backend!r}; choose one of {', '.join(BACKENDS[framework])}.")
-    needed = num_ranks if framework == "mlx" else 1
+    needed = num_ranks if (framework, backend) == ("mlx", "ring") else 1
     ports = list(ports) if ports is not None else free_ports(needed, host)
     if len(ports) != needed:
         raise ValueError(f"ports: {framework} with {num_ranks} ranks needs {needed} port(s), got {len(ports)}.")
@@ -102,6 +103,9 @@ def plan_launch(
         e = dict(base)
         if framework == "mlx":
             e.update(MLX_RANK=str(r), WORKBENCH_BACKEND=backend)
+            if backend == "nccl":  # one GPU per rank; rank 0 hosts NCCL's rendezvous
+                e.update(MLX_WORLD_SIZE=str(num_ranks), NCCL_HOST_IP=host, NCCL_PORT=str(ports[0]),
+                         CUDA_VISIBLE_DEVICES=str(r))
         else:
             e.update(
                 WORKBENCH_COORDINATOR=f"{host}:{ports[0]}",

@@ -122,7 +122,7 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
     import mlx.nn as nn
     import mlx.optimizers as optim
 
-    from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients
+    from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients, has_sum_scatter
     from .data import make_markov_chain, rank_slice, sample_batch
     from .models.init import init_lm_params
     from .models.mlx_lm import MLXLM, lm_loss, load_params
@@ -161,10 +161,20 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
             "peak_array_bytes": _peak_memory_mlx(),
         }])
     return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
+            "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": _can_split(group)},
             "collective_path": report.get("reduce_scatter_path", "all_reduce"),
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
             "peak_array_bytes": _peak_memory_mlx(),
             "versions": _versions()}
+
+
+def _can_split(group) -> bool:
+    """Whether the backend can split groups (HSDP); ring cannot."""
+    try:
+        group.split(0)
+        return True
+    except RuntimeError:
+        return False
 
 
 def _versions() -> dict:
