@@ -67,14 +67,14 @@ def test_a_killed_engine_fails_the_run_naming_the_rank_and_keeps_its_steps(tmp_p
         def progress(done):
             if done >= 2 and engines.pids.get(1):
                 os.kill(engines.pids.pop(1), signal.SIGKILL)
+                holder["killed_at"] = time.monotonic()
         holder["progress"] = progress
 
     holder = {}
-    t0 = time.monotonic()
     outcome = run_training(spec(strategy="fsdp-flat", steps=400), tmp_path,
                            on_engines=kill_rank_one_after_two_steps, progress=lambda d: holder.get("progress", print)(d))
     assert outcome.status == "failed" and outcome.rank == 1 and "rank 1" in outcome.error
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - holder["killed_at"] < 30  # failed, recorded and engines stopped within 30 s
     loaded = load_runs(tmp_path)
     record = loaded.runs.iloc[0]
     assert record["status"] == "failed" and record["failed_rank"] == 1 and "rank 1" in record["error"]
@@ -87,14 +87,14 @@ def test_a_hung_collective_becomes_a_failed_run(tmp_path):
             if done >= 2 and 1 in engines.pids and "frozen" not in holder:
                 os.kill(engines.pids[1], signal.SIGSTOP)  # rank 0 now waits forever in a collective
                 holder["frozen"] = True
+                holder["frozen_at"] = time.monotonic()
         holder["progress"] = progress
 
     holder = {}
-    t0 = time.monotonic()
     outcome = run_training(spec(strategy="ddp", steps=400), tmp_path, step_timeout_s=3,
                            on_engines=freeze_rank_one_after_two_steps, progress=lambda d: holder.get("progress", print)(d))
     assert outcome.status == "failed" and "no step finished for 3 s" in outcome.error
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - holder["frozen_at"] < 3 + 15  # the timeout, then stopping the engines
 
 
 def test_the_backends_capabilities_are_recorded_with_the_run(mlx_runs):
