@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from workbench import plan_buckets
+from workbench import plan_buckets, plan_shards
 from workbench.adapters.mlx import spec_from_mlx
 from workbench.adapters.mlx_fsdp import fsdp_apply_gradients, optimizer_state_bytes
 from workbench.launch import LaunchError, plan_launch, run_local
@@ -216,3 +216,15 @@ def test_launch_plans_wire_each_backend():
         plan_launch(0)
     with pytest.raises(ValueError, match="gloo"):
         plan_launch(2, framework="mlx", backend="gloo")
+
+
+def test_rows_follow_the_plan_they_are_given_even_when_plans_come_and_go():
+    from workbench.adapters.mlx_fsdp import bucket_row
+
+    arrays = [mx.arange(8, dtype=mx.float32), mx.arange(8, 16, dtype=mx.float32)]
+    spec = spec_from_mlx({"a": arrays[0], "b": arrays[1]})
+    for _ in range(50):  # fresh plans, collected between iterations: ids get reused
+        for layout, want in (("row", [0, 1, 2, 3, 8, 9, 10, 11]), ("flat", [0, 1, 2, 3, 4, 5, 6, 7])):
+            plan = plan_shards(plan_buckets(spec, 2**20), 2, layout)
+            assert np.array(bucket_row(arrays, plan, 0, 0)).tolist() == want
+            del plan

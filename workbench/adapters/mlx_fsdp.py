@@ -5,10 +5,12 @@ workbench provides it with the same signature and return contract, plus a ``layo
 choice. The step realises exactly the plan of :func:`workbench.buckets.plan_buckets` and
 :func:`workbench.shards.plan_shards` (the one the notebooks draw):
 
-1. per bucket, the gradients become an ``(N, c)`` matrix: ``row`` concatenates each
-   gradient reshaped ``(N, -1)`` on axis 1; ``flat`` concatenates them flattened, pads
-   to ``N * c`` and reshapes. Row ``r`` is rank ``r``'s shard;
-2. reduce-scatter the matrix (sum) and divide by the number of data-parallel ranks;
+1. per bucket, row ``k`` (the ``c`` elements rank ``k`` owns) is built from the plan's
+   :meth:`~workbench.shards.ShardPlan.rank_slices`: under ``row``, the k-th contiguous 1/N
+   of every gradient; under ``flat``, the k-th chunk of the flattened bucket, zero-padded.
+   Only the rows a collective needs are materialised (MLX's CPU allocator makes every
+   large fresh buffer cost page faults);
+2. reduce-scatter the rows (sum) and divide by the number of data-parallel ranks;
 3. optionally clip by the global norm (local sum of squares, ``all_sum``, ``sqrt``);
 4. update the local shards with the optimizer (its state covers 1/N of the model);
 5. all-gather the updated shards and rebuild the full parameter tree.
@@ -21,6 +23,8 @@ an all-reduce then a slice: the right numbers at twice the traffic.
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -70,8 +74,6 @@ def make_hsdp_groups(fsdp_size: int, world: mx.distributed.Group | None = None):
         fsdp = world.split(r // fsdp_size, r % fsdp_size)
         dp = world.split(r % fsdp_size, r // fsdp_size)
     except RuntimeError as err:
-        import os
-
         backend = os.environ.get("WORKBENCH_BACKEND", "this")
         raise RuntimeError(
             f"HSDP needs Group.split, which the {backend} backend does not support ({err}). "
@@ -101,9 +103,9 @@ def ring_reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Gr
     elements in all, the ideal. The ring backend's ``send`` waits for the matching ``recv``:
     with both on one stream every rank would wait in its send, so sends and receives go on
     two streams and each hop runs both directions at once. With two ranks the one hop is an
-    ``all_gather`` of the row the other rank owns (same bytes, MLX's faster transport). ``stream`` (the caller's
-    communication stream) carries the sends when given. The result is lazy, like every
-    MLX collective.
+    ``all_gather`` of the row the other rank owns (same bytes, MLX's faster transport).
+    ``stream`` (the caller's communication stream) carries the sends when given. The result
+    is lazy, like every MLX collective.
     """
     n, r = group.size(), group.rank()
     if n == 1:
@@ -170,18 +172,23 @@ def _check_trees(grads: list, params: list) -> None:
             raise ValueError(f"Gradient '{k}' is {g.dtype} but parameter '{k}' is {p.dtype}; dtypes are never promoted.")
 
 
-_PIECES: dict[tuple[int, int, int], tuple[list[tuple[int, int, int]], int]] = {}
+_PIECES: dict[tuple[int, int, int], tuple[weakref.ref, list[tuple[int, int, int]], int]] = {}
 
 
 def _row_pieces(plan: ShardPlan, rank: int, bucket: int) -> tuple[list[tuple[int, int, int]], int]:
-    """``([(param_index, start, stop), ...], padding)`` of rank ``rank`` in ``bucket``, from the plan."""
+    """``([(param_index, start, stop), ...], padding)`` of rank ``rank`` in ``bucket``, from the plan.
+
+    Cached by ``id(plan)`` with a weak reference to the plan, so an id reused by a later
+    plan after the first was collected is never served the old pieces.
+    """
     key = (id(plan), rank, bucket)
-    if key not in _PIECES:
+    cached = _PIECES.get(key)
+    if cached is None or cached[0]() is not plan:
         index = {p.path: i for i, p in enumerate(plan.buckets.spec.params)}
         pieces = [(index[s.path], s.start, s.stop) for s in plan.rank_slices(rank, bucket)]
         padding = int(plan.bucket_chunk_elems[bucket]) - sum(stop - start for _, start, stop in pieces)
-        _PIECES[key] = (pieces, padding)
-    return _PIECES[key]
+        cached = _PIECES[key] = (weakref.ref(plan), pieces, padding)
+    return cached[1], cached[2]
 
 
 def bucket_row(arrays: list[mx.array], plan: ShardPlan, rank: int, bucket: int) -> mx.array:
