@@ -13,7 +13,6 @@ Two environment switches, read here so notebooks hold no logic:
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,19 +61,6 @@ def setup() -> NotebookSettings:
     renderer = "plotly_mimetype+workbench_offline" if export else "plotly_mimetype"
     pio.renderers.default = renderer
     return NotebookSettings(export=export, small=env_flag("WORKBENCH_SMALL"), renderer=renderer)
-
-
-def describe_environment() -> dict[str, str]:
-    """Versions of the packages the notebooks depend on (for a precondition cell)."""
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for dist in ("numpy", "plotly", "ipywidgets", "mlx", "jax", "flax", "optax"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
 
 
 def runs_dir(name: str) -> Path:

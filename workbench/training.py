@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .buckets import plan_buckets
 from .engines import EngineFailure, EngineRun, start_engines
@@ -281,9 +281,3 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         raise
     handle.finish({"ranks": results, "engines_ready_s": ready_s})
     return RunOutcome(handle.run_id, "done", seconds=time.monotonic() - t0, engines_ready_s=ready_s)
-
-
-def spec_summary(spec: RunSpec) -> dict[str, Any]:
-    """The fields that tell runs apart in tables and legends."""
-    return {"framework": spec.framework, "strategy": spec.strategy, "num_ranks": spec.num_ranks,
-            "optimizer": spec.optimizer, "precision": spec.precision}
