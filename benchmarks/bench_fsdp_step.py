@@ -50,7 +50,7 @@ def main() -> None:
         state = r0["optimizer_state_bytes"][name]
         print(f"{name:<18}{t * 1e3:>10.1f}{t / med['ddp']:>8.3f}{state / 2**20:>16.1f} MiB"
               f"{state / r0['optimizer_state_bytes']['ddp']:>8.3f}")
-    print(f"peak memory per rank (all five strategies resident): {max(r['peak_memory_bytes'] for r in ranks) / 2**20:.0f} MiB")
+    print(f"peak memory per rank (every strategy resident at once): {max(r['peak_memory_bytes'] for r in ranks) / 2**20:.0f} MiB")
     print()
     print(PR_TABLE)
 

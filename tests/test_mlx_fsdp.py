@@ -56,13 +56,13 @@ def test_fsdp_parameters_equal_ddp_after_several_steps(ring_run):
             assert_close(res["fsdp_params"][path], want, RTOL[case["dtype"]])
         assert res["dtypes"] == [f"mlx.core.{case['dtype']}"]  # never promoted
         checked += 1
-    assert checked == 19  # 16 grid cases (sgd/adamw x fp32/bf16 x row/flat x clip) + 3 others
+    assert checked == 20  # 16 grid cases (sgd/adamw x fp32/bf16 x row/flat x clip) + 4 others
 
 
 def test_grad_norm_is_the_norm_of_the_averaged_gradient(ring_run):
     n, ranks = ring_run
     clipped = [res for res in ok_results(ranks) if res["case"]["max_norm"] is not None]
-    assert len(clipped) == 9
+    assert len(clipped) == 10
     for res in clipped:
         assert None not in res["fsdp_norms"] and len(res["fsdp_norms"]) == 3
         assert_close(res["fsdp_norms"], res["ddp_norms"], RTOL[res["case"]["dtype"]])
@@ -90,6 +90,10 @@ def test_collectives_per_step_match_the_bucket_plan(ring_run):
                 assert report["reduce_scatter_path"] == "all_sum"
                 assert counts.get("all_sum", 0) == b + clip and counts.get("send", 0) == 0
                 assert counts.get("all_gather", 0) == b
+            elif case["reduce_scatter"] == "send_recv":  # the ring over send/recv, at any N
+                assert report["reduce_scatter_path"] == "send_recv" and report["ring_transport"] == "send/recv"
+                assert counts.get("send", 0) == counts.get("recv_like", 0) == (n - 1) * b
+                assert counts.get("all_gather", 0) == b and counts.get("all_sum", 0) == clip
             elif n == 2:  # ring backend, two ranks: the ring's one hop is an all_gather exchange
                 assert report["reduce_scatter_path"] == "ring" and report["ring_transport"] == "all_gather exchange"
                 assert counts.get("all_gather", 0) == 2 * b and counts.get("send", 0) == 0

@@ -38,7 +38,7 @@ def test_hsdp_equals_ddp_on_four_mpi_ranks(mpi_run):
             got, want = np.array(res["shard_got"]), np.array(res["shard_want"])
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
             checked += 1
-        assert checked == 19
+        assert checked == 20
 
 
 def test_hsdp_shards_within_pairs_and_averages_across_them(mpi_run):
@@ -52,6 +52,9 @@ def test_hsdp_shards_within_pairs_and_averages_across_them(mpi_run):
                 assert report["num_shards"] == 2  # sharded over 2 ranks, not the world of 4
                 if res["case"]["reduce_scatter"] == "all_sum":
                     assert counts.get("all_sum", 0) == b + b + clip  # reduce-scatter fallback + replicas
+                elif res["case"]["reduce_scatter"] == "send_recv":
+                    assert counts.get("send", 0) == b and counts.get("all_gather", 0) == b
+                    assert counts.get("all_sum", 0) == b + clip
                 else:
                     assert counts.get("all_gather", 0) == 2 * b  # the 2-rank exchange, then the gather
                     assert counts.get("all_sum", 0) == b + clip  # one average across replicas per bucket

@@ -28,6 +28,8 @@ STRATEGIES = {
     "ddp": None,
     "fsdp-row": dict(layout="row", reduce_scatter="ring"),
     "fsdp-flat": dict(layout="flat", reduce_scatter="ring"),
+    "fsdp-row-sendrecv": dict(layout="row", reduce_scatter="send_recv"),
+    "fsdp-flat-sendrecv": dict(layout="flat", reduce_scatter="send_recv"),
     "fsdp-row-allsum": dict(layout="row", reduce_scatter="all_sum"),
     "fsdp-flat-allsum": dict(layout="flat", reduce_scatter="all_sum"),
 }

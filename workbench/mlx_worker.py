@@ -156,6 +156,7 @@ def cases(which: str) -> list[dict]:
            for o, d, l, m in grid]
     out += [
         dict(model="even", optimizer="adamw", dtype="float32", layout="flat", max_norm=None, communication_size=256, reduce_scatter="all_sum"),
+        dict(model="even", optimizer="adamw", dtype="bfloat16", layout="row", max_norm=0.5, communication_size=256, reduce_scatter="send_recv"),
         dict(model="even", optimizer="sgd", dtype="float32", layout="row", max_norm=None, communication_size=0, reduce_scatter="auto"),
         dict(model="odd", optimizer="adamw", dtype="float32", layout="flat", max_norm=0.5, communication_size=64, reduce_scatter="auto"),
         dict(model="odd", optimizer="sgd", dtype="float32", layout="row", max_norm=None, communication_size=64, reduce_scatter="auto"),

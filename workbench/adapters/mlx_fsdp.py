@@ -34,7 +34,7 @@ from ..buckets import plan_buckets
 from ..shards import ShardPlan, plan_shards
 from .mlx import spec_from_mlx
 
-REDUCE_SCATTER_PATHS = ("auto", "sum_scatter", "ring", "all_sum")
+REDUCE_SCATTER_PATHS = ("auto", "sum_scatter", "ring", "send_recv", "all_sum")
 _SUM_SCATTER_SUPPORT: list[bool] = []  # one process, one backend: probed once
 _PLANS: dict[tuple, ShardPlan] = {}
 
@@ -93,7 +93,8 @@ def _ring_streams() -> tuple:
     return _RING_STREAMS[0], _RING_STREAMS[1]
 
 
-def ring_reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Group, stream: Any = None) -> mx.array:
+def ring_reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Group, stream: Any = None, *,
+                        exchange_at_two: bool = True) -> mx.array:
     """Sum a bucket over the group; return this rank's row of the sum.
 
     ``row(k)`` gives this rank's local row k of the bucket (1-D, the elements rank k owns),
@@ -105,12 +106,12 @@ def ring_reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Gr
     two streams and each hop runs both directions at once. With two ranks the one hop is an
     ``all_gather`` of the row the other rank owns (same bytes, MLX's faster transport).
     ``stream`` (the caller's communication stream) carries the sends when given. The result
-    is lazy, like every MLX collective.
+    is lazy, like every MLX collective. ``exchange_at_two=False`` keeps send/recv at two ranks.
     """
     n, r = group.size(), group.rank()
     if n == 1:
         return row(0)
-    if n == 2:
+    if n == 2 and exchange_at_two:
         # Two ranks: the ring is one exchange of the row the other rank owns. MLX's
         # all_gather moves it ~4x faster than send/recv on the ring backend (12.8 vs 53 ms
         # for 16 MiB here), for the same (N - 1) / N of the bucket per rank.
@@ -131,8 +132,8 @@ def _reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Group,
     n = group.size()
     if n == 1:
         return row(0)
-    if path == "ring":
-        return ring_reduce_scatter(row, group, stream)
+    if path in ("ring", "send_recv"):
+        return ring_reduce_scatter(row, group, stream, exchange_at_two=path == "ring")
     matrix = mx.stack([row(k) for k in range(n)])
     if path == "sum_scatter":
         return mx.distributed.sum_scatter(matrix, group=group, stream=stream)[0]
@@ -339,7 +340,8 @@ def fsdp_apply_gradients(
         max_norm: Clip to this global gradient norm before the update, if given.
         layout: ``"row"`` (each array reshaped ``(N, -1)``; sizes must divide N) or ``"flat"``.
         reduce_scatter: ``"auto"`` (``sum_scatter`` where the backend has it, else ``"ring"``),
-            ``"sum_scatter"``, ``"ring"`` or ``"all_sum"``.
+            ``"sum_scatter"``, ``"ring"`` (the workbench's ring: send/recv, or at two ranks one
+            all_gather exchange), ``"send_recv"`` (that ring over send/recv at any N) or ``"all_sum"``.
         report: If a dict is given, it is filled with what the step did: the reduce-scatter
             path, collectives per kind, buckets, and bytes sent per rank.
 
@@ -389,10 +391,12 @@ def fsdp_apply_gradients(
 
     if report is not None:
         shard_bytes = int(sum(int(plan.bucket_chunk_elems[b]) * int(bp.bucket_itemsize[b]) for b in range(bp.num_buckets)))
-        rs_bytes = {"ring": (n - 1) * shard_bytes, "sum_scatter": (n - 1) * shard_bytes, "all_sum": 2 * (n - 1) * shard_bytes}
+        rs_bytes = {"ring": (n - 1) * shard_bytes, "send_recv": (n - 1) * shard_bytes,
+                    "sum_scatter": (n - 1) * shard_bytes, "all_sum": 2 * (n - 1) * shard_bytes}
         report.update(
             reduce_scatter_path=path if n > 1 else "none",
-            ring_transport=("all_gather exchange" if n == 2 else "send/recv") if path == "ring" and n > 1 else None,
+            ring_transport=(("all_gather exchange" if n == 2 and path == "ring" else "send/recv")
+                            if path in ("ring", "send_recv") and n > 1 else None),
             num_buckets=bp.num_buckets,
             num_reduce_scatters=bp.num_buckets if n > 1 else 0,
             num_all_gathers=bp.num_buckets if n > 1 else 0,

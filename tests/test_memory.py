@@ -1,0 +1,158 @@
+"""Memory estimates: ZeRO paper figure, orderings, transient terms, the Qwen 3.7B gap, estimator disagreements."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench import ModelSpec, ParamSpec, plan_buckets, plan_shards
+from workbench.memory import (COMPONENTS, STRATEGIES, compare_estimators, compare_strategies,
+                              estimate_activation_bytes, estimate_memory, explain_qwen_3_7b, largest_unit_params)
+from workbench.presets import PRESETS, get_preset
+
+ZERO_PAPER = dict(param_dtype="float16", master_dtype="float32", optimizer="adam")
+
+
+def tiny_spec(dtype="float32"):
+    return ModelSpec.from_shapes({"embed.weight": (97, 8), "layers.0.w": (8, 8), "layers.0.b": (8,),
+                                  "layers.1.w": (8, 8), "layers.1.b": (8,), "head.weight": (97, 8)}, dtype=dtype)
+
+
+def test_zero_paper_figure_1():
+    # Rajbhandari et al., arXiv:1910.02054, Figure 1: Psi = 7.5B, N_d = 64, K = 12.
+    expected = {"ddp": 120.0, "zero1": 31.4, "zero2": 16.6, "zero3": 1.9}
+    for strategy, gb in expected.items():
+        est = estimate_memory(7_500_000_000, strategy, 64, **ZERO_PAPER)
+        assert round(est.total_bytes / 1e9, 1) == gb
+        assert est["master_weights"] + est["optimizer_state"] == 12 * 7_500_000_000 // (1 if strategy == "ddp" else 64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(strategy=st.sampled_from(STRATEGIES), n=st.integers(1, 64), optimizer=st.sampled_from(["sgd", "sgd_momentum", "adam"]),
+       accum=st.sampled_from([None, "float32"]), cap=st.integers(0, 4096), act=st.integers(0, 10**9))
+def test_total_is_sum_of_components(strategy, n, optimizer, accum, cap, act):
+    spec = tiny_spec()
+    plan = plan_buckets(spec, cap)
+    est = estimate_memory(spec, strategy, n, optimizer=optimizer, grad_accum_dtype=accum, bucket_plan=plan,
+                          shard_plan=plan_shards(plan, n, "flat"), activation_bytes=act)
+    assert [c.name for c in est.components] == list(COMPONENTS)
+    assert est.total_bytes == sum(est.as_dict().values()) == sum(c.rank_bytes for c in est.components)
+    assert all(c.rank_bytes >= 0 for c in est.components)
+    assert est["activations"] == act
+
+
+@pytest.mark.parametrize("n", [2, 8, 64])
+def test_zero_stages_order_for_n_above_one(n):
+    est = compare_strategies(3_000_000_000, n, **ZERO_PAPER)
+    assert est["zero3"].total_bytes < est["zero2"].total_bytes < est["zero1"].total_bytes < est["ddp"].total_bytes
+    assert est["fsdp"].model_state_bytes == est["zero1"].model_state_bytes
+
+
+def test_all_strategies_equal_at_one_rank_except_transients():
+    spec = get_preset("tiny-llama", "bfloat16")
+    est = compare_strategies(spec, 1, strategies=STRATEGIES, bucket_plan=plan_buckets(spec, 4096))
+    assert len({e.model_state_bytes for e in est.values()}) == 1
+    assert est["zero3"]["gathered_unit"] > 0 and est["ddp"]["gathered_unit"] == 0
+
+
+def test_bucket_buffers_grow_with_communication_size():
+    spec = get_preset("tiny-llama", "float32")
+    for strategy, row in [("fsdp", "reduce_scatter_buffer"), ("fsdp", "all_gather_buffer"), ("zero2", "reduce_scatter_buffer"),
+                          ("ddp", "all_reduce_buffer")]:
+        sizes = [estimate_memory(spec, strategy, 4, bucket_plan=plan_buckets(spec, cap))[row] for cap in (0, 2**14, 2**16, 2**20)]
+        assert sizes == sorted(sizes) and sizes[0] < sizes[-1], (strategy, row, sizes)
+    # largest bucket B of fp32 gradients: B + B/N for the reduce-scatter
+    plan = plan_buckets(spec, 2**16)
+    big = int(plan.bucket_elems.max()) * 4
+    assert estimate_memory(spec, "fsdp", 4, bucket_plan=plan)["reduce_scatter_buffer"] == big + big // 4
+    assert estimate_memory(spec, "ddp", 4, bucket_plan=plan)["all_reduce_buffer"] == 2 * big
+
+
+def test_flat_padding_taken_from_plan():
+    spec = tiny_spec()  # 1816 fp32 elements in one bucket: 3 ranks pad 2 elements on the last
+    plan = plan_shards(plan_buckets(spec, 2**20), 3, "flat")
+    pad = int(plan.rank_padding_bytes.max())
+    assert pad > 0
+    est = estimate_memory(spec, "zero3", 3, optimizer="sgd", shard_plan=plan)
+    assert est["flat_padding"] == pad // 4 * (4 + 4)  # fp32 parameters and gradients sharded
+    est = estimate_memory(spec, "zero2", 3, optimizer="adam", shard_plan=plan)
+    assert est["flat_padding"] == pad // 4 * (4 + 8)  # gradients + m + v; no master copy for fp32 parameters
+    assert estimate_memory(spec, "ddp", 3, shard_plan=plan)["flat_padding"] == 0
+
+
+def test_zero3_gathered_unit():
+    spec = get_preset("qwen3-4b")
+    assert largest_unit_params(spec) == 151936 * 2560 + 2560  # root unit: tied embedding and final norm
+    resharded = estimate_memory(spec, "zero3", 8, units={"a": 100, "b": 300})
+    assert resharded["gathered_unit"] == 300 * (2 + 2)
+    kept = estimate_memory(spec, "zero3", 8, units={"a": 100, "b": 300}, reshard_after_forward=False)
+    assert kept["gathered_unit"] == spec.num_params * 2 + 300 * 2
+    assert kept.total_bytes > resharded.total_bytes
+
+
+def test_hsdp_shape_and_memory():
+    hsdp = estimate_memory(10**9, "hsdp", 8, num_replicas=4, world_size=32)
+    assert hsdp.model_state_bytes == estimate_memory(10**9, "zero3", 8).model_state_bytes
+    with pytest.raises(ValueError, match="world_size"):
+        estimate_memory(10**9, "hsdp", 8, num_replicas=3, world_size=32)
+    with pytest.raises(ValueError, match="num_replicas"):
+        estimate_memory(10**9, "zero2", 8, num_replicas=2)
+
+
+@pytest.mark.parametrize("kwargs, knob", [
+    (dict(model=-1), "model"), (dict(num_shards=0), "num_shards"), (dict(strategy="zero4"), "strategy"),
+    (dict(optimizer="lion"), "optimizer"), (dict(activation_bytes=-5), "activation_bytes"),
+    (dict(param_dtype="float7"), "param_dtype"), (dict(units={"x": -1}, strategy="zero3"), "units"),
+])
+def test_bad_input_names_the_knob(kwargs, knob):
+    args = dict(model=10**6, strategy="fsdp", num_shards=4) | kwargs
+    with pytest.raises(ValueError, match=knob):
+        estimate_memory(args.pop("model"), args.pop("strategy"), args.pop("num_shards"), **args)
+
+
+def test_shard_plan_for_other_num_shards_is_rejected():
+    spec = tiny_spec()
+    with pytest.raises(ValueError, match="shard_plan"):
+        estimate_memory(spec, "zero2", 4, shard_plan=plan_shards(plan_buckets(spec), 2, "flat"))
+
+
+def test_activations_korthikanti():
+    # s*b*h*(34 + 5*a*s/h) per layer: s=2048, b=1, h=4096, a=32, L=32
+    one = 2048 * 4096 * (34 + 5 * 32 * 2048 / 4096)
+    assert estimate_activation_bytes(seq_len=2048, micro_batch_size=1, hidden_size=4096, num_heads=32, num_layers=32) == 32 * one
+    assert estimate_activation_bytes(seq_len=2048, micro_batch_size=1, config="llama-3-8b") == 32 * one
+    assert estimate_activation_bytes(seq_len=2048, micro_batch_size=1, config=PRESETS["llama-3-8b"], num_layers=1) == one
+    with pytest.raises(ValueError, match="num_heads"):
+        estimate_activation_bytes(seq_len=16, micro_batch_size=1, hidden_size=64, num_layers=2)
+    with pytest.raises(ValueError, match="seq_len"):
+        estimate_activation_bytes(seq_len=-1, micro_batch_size=1, config="gpt2")
+
+
+def test_qwen_3_7b_gap_is_the_sharded_optimizer_state():
+    gap = explain_qwen_3_7b()
+    assert gap.measured_difference_bytes == pytest.approx(27.7337e9)
+    assert gap.predicted_difference_bytes == pytest.approx(7 / 8 * 2 * 4 * 3.7e9)
+    assert abs(gap.predicted_difference_bytes - 27.7e9) / 27.7e9 < 0.10
+    assert {k for k, v in gap.component_difference_bytes.items() if v} == {"optimizer_state"}
+    assert gap.residual_bytes == gap.measured_difference_bytes - gap.predicted_difference_bytes
+    assert gap.unmodelled_baseline_bytes > 0 and any("activations" in u for u in gap.unknowns)
+
+
+def test_compare_estimators_reference_case():
+    c = compare_estimators(7_000_000_000, 8)
+    assert (c.theory_bytes, c.deepspeed_code_bytes, c.deepspeed_docs_bytes) == (26_250_000_000, 29_750_000_000, 42_000_000_000)
+    assert c.workbench_bytes == c.deepspeed_code_bytes
+    assert set(c.reasons) == {"theory_bytes", "deepspeed_code_bytes", "deepspeed_docs_bytes", "workbench_bytes"}
+    c3 = compare_estimators(7_000_000_000, 8, stage=3, largest_layer_params=10**8)
+    assert c3.deepspeed_code_bytes == 4 * 10**8 + 18 * 7_000_000_000 // 8 == c3.deepspeed_docs_bytes
+    assert c3.theory_bytes == 14_000_000_000
+    with pytest.raises(ValueError, match="stage"):
+        compare_estimators(10**9, 8, stage=1)
+    with pytest.raises(ValueError, match="num_shards"):
+        compare_estimators(10**9, 0)
+
+
+def test_param_dtype_defaults_to_spec():
+    assert estimate_memory(tiny_spec("float32"), "ddp", 1, optimizer="sgd").total_bytes == 2 * tiny_spec().nbytes
+    mixed = ModelSpec("m", (ParamSpec("a", (4,), "float32"), ParamSpec("b", (4,), "bfloat16")))
+    with pytest.raises(ValueError, match="param_dtype"):
+        estimate_memory(mixed, "ddp", 1)
