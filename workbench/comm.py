@@ -30,9 +30,10 @@ def _ranks(knob: str, value: object) -> int:
 
 
 def bus_factor(kind: str, num_ranks: int) -> float:
-    """nccl-tests' busbw / algbw: 2(N-1)/N for all-reduce, (N-1)/N for all-gather and reduce-scatter, 1 for broadcast."""
+    """nccl-tests' busbw / algbw: 2(N-1)/N all-reduce, (N-1)/N all-gather and reduce-scatter, 1 broadcast."""
     n = _ranks("num_ranks", num_ranks)
-    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n, "broadcast": 1.0}
+    share = (n - 1) / n
+    factors = {"all_reduce": 2 * share, "all_gather": share, "reduce_scatter": share, "broadcast": 1.0}
     if kind not in factors:
         raise ValueError(f"Unknown collective kind {kind!r}; choose one of {', '.join(COLLECTIVES)}.")
     return factors[kind]
@@ -178,7 +179,8 @@ def estimate_comm(plan: BucketPlan | ShardPlan, strategy: str = "fsdp", num_shar
         n, bp = plan.num_shards, plan.buckets
         greedy = plan.layout == "greedy"
         if greedy and strategy not in ("ddp", "zero1"):
-            raise ValueError(f"A greedy shard plan (layout='greedy') moves whole arrays; use strategy 'zero1', not {strategy!r}.")
+            raise ValueError(f"A greedy shard plan (layout='greedy') moves whole arrays: use strategy 'zero1', "
+                             f"not {strategy!r}.")
         sizes = (bp.bucket_bytes if greedy else plan.bucket_chunk_elems * n * bp.bucket_itemsize).astype(float)
     elif isinstance(plan, BucketPlan):
         if num_shards is None:

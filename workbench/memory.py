@@ -140,33 +140,28 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
     Args:
         model: A :class:`ModelSpec` or a parameter count (Psi).
         strategy: One of :data:`STRATEGIES`.
-        num_shards: N, ranks the state is sharded over (the data-parallel degree; the shard
-            degree under ``hsdp``).
-        num_replicas: Replica degree, ``hsdp`` only. world_size: If given, must equal
-            ``num_shards * num_replicas``.
-        param_dtype: Parameters' dtype; default: the spec's (one dtype), ``bfloat16`` for a count.
-        grad_dtype: Gradients' dtype; default ``param_dtype``.
-        master_dtype: Master copy kept by the optimizer; none when ``None`` or equal to ``param_dtype``.
-        optimizer: A key of :data:`OPTIMIZER_NUM_STATES`. optimizer_state_dtype: of its states.
-        grad_accum_dtype: An extra gradient copy in this dtype (fp32 accumulation, DeepSpeed's
-            fp32 gradient partition), sharded like the optimizer state; ``None``: none.
-        bucket_plan: Sizes the collective buffers from its largest bucket (by elements): DDP
-            concatenates a bucket and receives the all-reduced copy (2 B); reduce-scatter holds
-            the bucket and its 1/N result, all-gather the 1/N input and the bucket. Under ZeRO-3
-            the buckets are the units and the buffers are the gathered unit.
-        shard_plan: Its worst rank's padding pads every sharded state (``flat_padding``).
-        reshard_after_forward: ZeRO-3/HSDP: True gathers one unit at a time (its parameters and
-            its full gradient before the reduce-scatter; DeepSpeed's ``4 * largest_layer_params``
-            in 16 bit); False keeps every gathered parameter until backward. Prefetching the next
-            unit, as FSDP2 does, would add one more unit.
-        units: ZeRO-3 units as ``{name: num_params}``; default: the buckets of ``bucket_plan``,
-            else the spec grouped by :func:`largest_unit_params`, else none.
+        num_shards: N, the data-parallel degree (the shard degree under ``hsdp``).
+        num_replicas: ``hsdp`` only. world_size: If given, must equal ``num_shards * num_replicas``.
+        param_dtype: Default: the spec's single dtype, ``bfloat16`` for a count. grad_dtype: Default ``param_dtype``.
+        master_dtype: The optimizer's master copy; none if ``None`` or equal to ``param_dtype``.
+        optimizer: A key of :data:`OPTIMIZER_NUM_STATES`; its states are in ``optimizer_state_dtype``.
+        grad_accum_dtype: An extra gradient copy (fp32 accumulation; DeepSpeed's fp32 gradient
+            partition), sharded like the optimizer state; ``None``: none.
+        bucket_plan: Buffers from its largest bucket B (elements): DDP holds the concatenated bucket
+            and its all-reduced copy (2B); reduce-scatter B and its B/N result; all-gather B/N and B.
+            Under ZeRO-3 the buckets are the units and these buffers are the gathered unit.
+        shard_plan: Its worst rank's padding elements, times the bytes of every sharded state.
+        reshard_after_forward: ZeRO-3/HSDP: True holds one gathered unit (its parameters, and its
+            full gradient before the reduce-scatter: DeepSpeed's 4 B x largest layer in 16 bit);
+            False keeps all gathered parameters until backward. FSDP2's prefetch adds one unit more.
+        units: ZeRO-3 units ``{name: num_params}``; default: the buckets, else the spec's blocks
+            (:func:`largest_unit_params`), else none.
         activation_bytes: Per rank, e.g. from :func:`estimate_activation_bytes`.
 
     Raises:
-        ValueError: on a negative size, ``num_shards < 1``, an unknown strategy, optimizer or
-            dtype, an HSDP shape that does not multiply to ``world_size``, or a shard plan for
-            another ``num_shards``; the message names the knob.
+        ValueError: on a negative size, ``num_shards < 1``, an unknown strategy, optimizer or dtype,
+            an HSDP shape not multiplying to ``world_size``, or a shard plan for another N; the
+            message names the knob.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
@@ -187,8 +182,9 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
         param_dtype = dtypes.pop()
     pb = _dtype_bytes("param_dtype", param_dtype)
     gb = _dtype_bytes("grad_dtype", grad_dtype if grad_dtype is not None else param_dtype)
-    has_master = master_dtype is not None and canonical_dtype(master_dtype) != canonical_dtype(param_dtype)
-    mb = _dtype_bytes("master_dtype", master_dtype) if has_master else 0
+    mb = _dtype_bytes("master_dtype", master_dtype) if master_dtype is not None else 0
+    if mb and canonical_dtype(master_dtype) == canonical_dtype(param_dtype):
+        mb = 0  # the parameters are the master copy
     ob = OPTIMIZER_NUM_STATES[optimizer] * _dtype_bytes("optimizer_state_dtype", optimizer_state_dtype)
     ab = _dtype_bytes("grad_accum_dtype", grad_accum_dtype) if grad_accum_dtype is not None else 0
     sp, sg, so = _SHARDED[strategy]
@@ -246,13 +242,10 @@ def compare_strategies(model: ModelSpec | int, num_shards: int,
 
 @dataclass(frozen=True, kw_only=True)
 class StrategyGap:
-    """Why one strategy's measured peak exceeds another's, component by component.
+    """Why a measured ``baseline`` peak (e.g. DDP) exceeds a ``candidate`` (e.g. FSDP), per component.
 
-    Attributes:
-        baseline, candidate: The two estimates (e.g. DDP and FSDP).
-        measured_baseline_bytes, measured_candidate_bytes: Measured peaks per rank.
-        component_difference_bytes: ``baseline - candidate`` per component.
-        assumptions: What the estimate assumes. unknowns: What it cannot know.
+    ``component_difference_bytes`` is ``baseline - candidate`` per component; ``assumptions`` say
+    what the estimates assume and ``unknowns`` what they cannot know.
     """
 
     baseline: MemoryEstimate
@@ -273,62 +266,50 @@ class StrategyGap:
 
     @property
     def residual_bytes(self) -> int:
-        """Measured minus predicted difference: what the model does not explain."""
+        """Measured minus predicted difference: what the estimate leaves unexplained."""
         return self.measured_difference_bytes - self.predicted_difference_bytes
 
     @property
     def unmodelled_baseline_bytes(self) -> int:
-        """Measured baseline peak minus the estimate: activations, temporaries, allocator cache."""
+        """Measured baseline peak minus its estimate: activations, temporaries, allocator cache."""
         return self.measured_baseline_bytes - self.baseline.total_bytes
 
 
 def explain_qwen_3_7b(num_params: int = 3_700_000_000, num_shards: int = 8) -> StrategyGap:
-    """Explain MLX PR #3130's Qwen 3.7B result: DDP 126.8486 GB vs FSDP 99.1149 GB peak on 8 B200s.
+    """MLX PR #3130, Qwen 3.7B on 8 B200s: DDP 126.8486 GB vs FSDP (no parameter sharding) 99.1149 GB peak.
 
-    The run's ``fsdp_apply_gradients`` does not shard parameters, so only the optimizer state
-    differs: bf16 parameters and gradients in full on both, fp32 AdamW m and v (8 B/param) in
-    full under DDP and 1/8 under FSDP: 7/8 x 8 B x 3.7e9 = 25.9 GB of the 27.7 GB measured.
+    Both hold bf16 parameters and gradients in full; only the fp32 AdamW m and v (8 B/param)
+    differ, in full under DDP and 1/8 under FSDP: 7/8 x 8 B x 3.7e9 = 25.9 GB of the 27.7 GB.
     """
     knobs = dict(param_dtype="bfloat16", master_dtype=None, optimizer="adamw", optimizer_state_dtype="float32")
-    ddp = estimate_memory(num_params, "ddp", num_shards, **knobs)
-    fsdp = estimate_memory(num_params, "fsdp", num_shards, **knobs)
+    ddp, fsdp = (estimate_memory(num_params, s, num_shards, **knobs) for s in ("ddp", "fsdp"))
     return StrategyGap(
-        baseline=ddp, candidate=fsdp,
-        measured_baseline_bytes=126_848_600_000, measured_candidate_bytes=99_114_900_000,
+        baseline=ddp, candidate=fsdp, measured_baseline_bytes=126_848_600_000,
+        measured_candidate_bytes=99_114_900_000,
         component_difference_bytes={c: ddp[c] - fsdp[c] for c in COMPONENTS},
         assumptions=(
-            "peak_memory is MLX's get_peak_memory in decimal GB (1e9 B), as mlx-lm prints it; read as GiB "
-            "the gap would be 29.8 GB and the optimizer state would explain only 87% of it",
-            "bf16 parameters and gradients, no fp32 master copy, AdamW m and v in fp32 (8 B/param): the gap "
-            "is the same if the parameters are fp32; with bf16 states it would be half (13 GB), so the "
-            "measurement itself says the states are 4-byte",
-            "num_params = 3.7e9 as the PR states; 8 ranks; identical batch and activations on both runs, so "
-            "activations cancel in the difference",
-            "collective buffers (one 32 MiB bucket: DDP 2 x 32 MiB vs FSDP 2 x 36 MiB) change the gap by "
-            "about 8 MB and are left out",
+            "peak_memory is MLX's get_peak_memory in decimal GB, as mlx-lm prints it (read as GiB, the gap "
+            "is 29.8 GB and the optimizer state explains 87% of it)",
+            "no fp32 master copy; AdamW m and v in fp32: fp32 parameters give the same gap, bf16 states half "
+            "of it (13 GB), so the measurement itself says the states are 4-byte",
+            "3.7e9 parameters, 8 ranks, the same batch on both runs: activations cancel in the difference",
+            "bucket buffers (32 MiB: DDP 2 x 32 MiB, FSDP 2 x 36 MiB) move the gap by about 8 MB: left out",
         ),
         unknowns=(
-            "the batch, sequence length and recompute policy of the run, hence its activations: the "
-            "unmodelled_baseline_bytes (about 82 GB) hold activations, temporaries and allocator cache together",
-            "the optimizer update's temporaries (fp32 m, v and update per array, largest array = the "
-            "embedding, about 0.39e9 elements, 1.6 GB in fp32): sharded 1/8 under FSDP, a candidate for "
-            "the 1.8 GB residual",
-            "MLX's lazy evaluation order and buffer cache, which decide which temporaries coexist at the peak",
+            "the run's batch, sequence length and recompute policy, hence its activations: the about 82 GB "
+            "of unmodelled_baseline_bytes are activations, temporaries and allocator cache together",
+            "the optimizer update's temporaries (fp32 per array; the largest array, the 0.39e9-element "
+            "embedding, takes 1.6 GB), sharded 1/8 under FSDP: a candidate for the 1.8 GB residual",
+            "MLX's lazy evaluation order and buffer cache, which decide which temporaries meet at the peak",
         ),
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class EstimatorComparison:
-    """One case (``num_params`` on ``num_shards`` devices, ZeRO ``stage``) by several estimators.
-
-    Attributes:
-        theory_bytes: ZeRO paper (K = 12, 2-byte parameters and gradients).
-        deepspeed_code_bytes: DeepSpeed's ``estimate_zero{2,3}_model_states_mem_needs``.
-        deepspeed_docs_bytes: DeepSpeed's ``docs/code-docs/source/memory.rst`` formula.
-        workbench_bytes: :func:`estimate_memory` with an fp32 gradient partition.
-        reasons: Why each differs, by the names above.
-    """
+    """One case by the ZeRO paper (K = 12), DeepSpeed's ``estimate_zero{2,3}_model_states_mem_needs``,
+    DeepSpeed's ``docs/code-docs/source/memory.rst`` and :func:`estimate_memory` (with an fp32
+    gradient partition), per GPU without offload; ``reasons`` says why each differs, by field name."""
 
     num_params: int
     num_shards: int
@@ -358,32 +339,26 @@ def compare_estimators(psi: int, num_shards: int, *, stage: int = 2,
     if stage == 2:
         theory, code, docs = 2 * psi + 14 * psi // n, 2 * psi + int(18 * psi / n), 4 * psi + int(16 * psi / n)
         ours = estimate_memory(psi, "zero2", n, **mixed).total_bytes
-        reasons = {
-            "theory_bytes": "ZeRO paper Sec. 5.1 P_os+g: 2 B fp16 parameters in full + (2 B fp16 gradients + "
-                            "K = 12 B fp32 master, momentum, variance) / N.",
-            "deepspeed_code_bytes": "stage_1_and_2.py: 2 Psi + 18 Psi / N, with 18 = 2 fp16 grads + 4 fp32 grads "
-                                    "+ 4 fp32 params + 8 Adam states: the extra 4 Psi / N is the fp32 gradient "
-                                    "partition the step converts to. It prints GiB (2**30), so the same bytes "
-                                    "read smaller than decimal GB.",
-            "deepspeed_docs_bytes": "memory.rst: '4 params + 16 params / (total number of gpus)', the code's older "
-                                    "formula: fp16 parameters and fp16 gradients both in full (as ZeRO-1), 16 B "
-                                    "fp32 params, grads, momentum, variance sharded.",
-            "workbench_bytes": "estimate_memory(..., grad_accum_dtype='float32') counts the fp32 gradient "
-                               "partition as its own row and so matches the code; without it, the theory.",
-        }
+        reasons = dict(
+            theory_bytes="ZeRO paper Sec. 5.1, P_os+g: 2 B fp16 params in full + (2 B fp16 grads + K = 12 B) / N.",
+            deepspeed_code_bytes="stage_1_and_2.py: 2 Psi + 18 Psi / N, 18 = 2 fp16 grads + 4 fp32 grads + 4 fp32 "
+            "params + 8 Adam states: the extra 4 Psi / N is the fp32 gradient partition the step converts to. "
+            "It prints GiB (2**30), so the same bytes read smaller.",
+            deepspeed_docs_bytes="memory.rst: '4 params + 16 params / (total number of gpus)', the code's older "
+            "formula: fp16 params and grads in full (as ZeRO-1), fp32 params, grads, m, v (16 B) sharded.",
+            workbench_bytes="estimate_memory(..., grad_accum_dtype='float32') has the fp32 gradient partition as "
+            "a row, so it matches the code; without it, the theory.")
     else:
         theory, code = 16 * psi // n, 4 * big + int(18 * psi / n)
         docs = code
         ours = estimate_memory(psi, "zero3", n, units={"largest": big}, **mixed).total_bytes
-        reasons = {
-            "theory_bytes": "ZeRO paper P_os+g+p: (2 + 2 + K) Psi / N; no transient terms.",
-            "deepspeed_code_bytes": "stage3.py: 4 x largest_layer_params (fp16 parameters gathered and fp16 "
-                                    "gradients computed) + 18 Psi / N (16 B fp32 params, grads, m, v + 2 B fp16 "
-                                    "params); the fp16 gradient partition is not counted.",
-            "deepspeed_docs_bytes": "memory.rst gives the same formula as the code for ZeRO-3.",
-            "workbench_bytes": "estimate_memory counts 2 + 2 + 4 + 8 + 4 (fp32 grads) = 20 B / N and the "
-                               "gathered unit's 16-bit parameters and gradients (4 B x largest layer).",
-        }
+        reasons = dict(
+            theory_bytes="ZeRO paper, P_os+g+p: (2 + 2 + K) Psi / N; no transient terms.",
+            deepspeed_code_bytes="stage3.py: 4 B x largest_layer_params (fp16 params gathered, fp16 grads) + "
+            "18 Psi / N (16 B fp32 params, grads, m, v + 2 B fp16 params); no fp16 gradient partition.",
+            deepspeed_docs_bytes="memory.rst gives the code's formula for ZeRO-3.",
+            workbench_bytes="estimate_memory: (2 + 2 + 4 + 8 + 4 fp32 grads) Psi / N + the gathered unit's "
+            "16-bit params and grads (4 B x largest layer).")
     return EstimatorComparison(num_params=psi, num_shards=n, stage=stage, theory_bytes=theory,
                                deepspeed_code_bytes=code, deepspeed_docs_bytes=docs, workbench_bytes=ours,
                                reasons=reasons)
