@@ -156,3 +156,11 @@ def test_param_dtype_defaults_to_spec():
     mixed = ModelSpec("m", (ParamSpec("a", (4,), "float32"), ParamSpec("b", (4,), "bfloat16")))
     with pytest.raises(ValueError, match="param_dtype"):
         estimate_memory(mixed, "ddp", 1)
+
+
+def test_non_finite_counts_name_the_knob():
+    from workbench.memory import estimate_memory
+
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="num_shards"):
+            estimate_memory(7_000_000_000, "zero2", num_shards=bad)

@@ -63,3 +63,24 @@ def test_rank_summaries_name_the_collective_path(jax_runs):
         for r in ranks:
             assert r["backend"] == "gloo" and r["collective_path"] == expected[strategy], (strategy, r)
             assert r["peak_rss_bytes"] > 0 and "jax" in r["versions"]
+            if strategy in ("fsdp-row", "fsdp-flat"):  # one reduce-scatter and one all-gather per planned bucket
+                assert r["num_collectives"] == 2 * num_buckets(spec(strategy=strategy)), (strategy, r)
+
+
+def num_buckets(run_spec):
+    """Buckets of the core's plan for this run's model, in JAX's flatten order."""
+    from workbench import plan_buckets
+    from workbench.adapters.jax import spec_from_jax
+    from workbench.models.init import init_lm_params
+
+    params = init_lm_params(run_spec.config, run_spec.init_seed)
+    return plan_buckets(spec_from_jax(params), run_spec.communication_size).num_buckets
+
+
+def test_the_collective_path_is_read_from_the_lowered_program():
+    from workbench.train_jax import observed_collective_path
+
+    assert observed_collective_path('%1 = "stablehlo.reduce_scatter"(%0)', 2) == "psum_scatter"
+    assert observed_collective_path('%1 = "stablehlo.all_reduce"(%0)', 2) == "psum"
+    assert observed_collective_path('%1 = "stablehlo.all_reduce"(%0)', 1) == "none"
+    assert observed_collective_path("%1 = stablehlo.add %0, %0", 2) == "none"

@@ -56,6 +56,13 @@ def test_a_done_spec_is_skipped(mlx_runs):
     (dict(strategy="fsdp-row", num_ranks=3, global_batch=9), "strategy"),  # 32*... arrays do not divide 3
     (dict(model={**TINY, "num_heads": 3}), "num_heads"),
     (dict(strategy="fsdp-full"), "strategy"),
+    (dict(framework="jax", strategy="fsdp-full", num_ranks=3, global_batch=3), "strategy"),  # rows of 32-wide arrays
+    (dict(learning_rate="fast"), "learning_rate"),
+    (dict(weight_decay=-5), "weight_decay"),
+    (dict(concentration=-1), "concentration"),
+    (dict(communication_size="x"), "communication_size"),
+    (dict(max_norm=float("nan")), "max_norm"),
+    (dict(data_seed=-1), "data_seed"),
 ])
 def test_bad_specs_are_refused_before_any_engine_starts(kw, field):
     with pytest.raises(ValueError, match=field):

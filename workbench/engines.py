@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ class EngineRun:
     cluster: Any
     client: Any
     rank_engine: dict[int, int]
-    pids: dict[int, int]
+    pids: dict[int, int]  # engines on this machine only (remote ones are stopped through ipyparallel)
     workdir: Path
     _tmp: Any = field(default=None, repr=False)
     started_s: float = 0.0
@@ -69,13 +70,20 @@ class EngineRun:
         deadline = time.monotonic() + timeout_s
         try:
             while True:
+                failed = {}
                 for r, ar in pending.items():
                     if ar.ready() and not ar.successful():
                         try:
                             ar.get(0)
-                        except Exception as err:  # RemoteError, EngineError: name the rank
-                            kind = getattr(err, "ename", type(err).__name__)
-                            raise EngineFailure(f"rank {r} failed ({kind}): {str(err)[-2000:]}", r) from err
+                        except Exception as err:  # RemoteError, EngineError
+                            failed[r] = err
+                if failed:
+                    # When one rank dies its peers soon fail in their collectives: blame a dead
+                    # engine first (EngineError), then the lowest rank, and name every failed rank.
+                    r = min(failed, key=lambda k: (getattr(failed[k], "ename", "") != "EngineError", k))
+                    kind = getattr(failed[r], "ename", type(failed[r]).__name__)
+                    others = f" (also failed: ranks {sorted(set(failed) - {r})})" if len(failed) > 1 else ""
+                    raise EngineFailure(f"rank {r} failed ({kind}){others}: {str(failed[r])[-2000:]}", r) from failed[r]
                 if all(ar.ready() for ar in pending.values()):
                     return [pending[r].get(0) for r in range(self.plan.num_ranks)]
                 if time.monotonic() > deadline:
@@ -152,10 +160,13 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
             cluster.start_engines_sync(n=1, environment={**extra_env, **plan.rank_env[r], "WORKBENCH_RANK": str(r)})
         run.client = cluster.connect_client_sync()
         run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s)
-        for eid in run.client.ids:
-            rank, pid = run.client[eid].apply_sync(_rank_and_pid)
+        deadline = t0 + timeout_s
+        asks = {eid: run.client[eid].apply_async(_rank_host_pid) for eid in run.client.ids}
+        for eid, ask in asks.items():  # bounded: an engine that registers but never answers fails the start
+            rank, host, pid = ask.get(timeout=max(1.0, deadline - time.monotonic()))
             run.rank_engine[rank] = eid
-            run.pids[rank] = pid
+            if host == socket.gethostname():  # only engines on this machine can be killed from here
+                run.pids[rank] = pid
     except BaseException as err:
         run.stop()
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
@@ -165,7 +176,8 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
     return run
 
 
-def _rank_and_pid() -> tuple[int, int]:
+def _rank_host_pid() -> tuple[int, str, int]:
     import os
+    import socket
 
-    return int(os.environ["WORKBENCH_RANK"]), os.getpid()
+    return int(os.environ["WORKBENCH_RANK"]), socket.gethostname(), os.getpid()

@@ -16,6 +16,8 @@ Pure: standard library and NumPy only.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -74,7 +76,8 @@ class MemoryEstimate:
 
 
 def _count(knob: str, value: object, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or value < minimum):
         raise ValueError(f"{knob} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
 

@@ -133,16 +133,25 @@ def make_optimizer(spec) -> Any:
     return optax.sgd(spec.learning_rate)
 
 
-def _memory_stats(lowered) -> dict | None:
+def _memory_stats(compiled) -> dict | None:
     """XLA's ``memory_analysis()`` of the compiled step as ``{field: bytes}``, or None if unavailable."""
     try:
-        stats = lowered.compile().memory_analysis()
-    except Exception:  # not every backend / version implements it
+        stats = compiled.memory_analysis()
+    except Exception:  # not every backend / version implements it (compile errors are not caught here)
         return None
     if stats is None:
         return None
     out = {k: int(getattr(stats, k)) for k in dir(stats) if k.endswith("_in_bytes") and not k.startswith("_")}
     return out or None
+
+
+def observed_collective_path(program_text: str, num_ranks: int) -> str:
+    """The gradient collective a lowered step really contains: "psum_scatter", "psum" or "none"."""
+    if num_ranks == 1:
+        return "none"
+    if "reduce_scatter" in program_text:
+        return "psum_scatter"
+    return "psum" if "all_reduce" in program_text else "none"
 
 
 def train_jax(spec, handle) -> dict:
@@ -212,7 +221,9 @@ def train_jax(spec, handle) -> dict:
     if (held[0][0], held[-1][1]) != (rank * per_rank, (rank + 1) * per_rank):
         raise RuntimeError(f"rank {rank} holds batch rows {held}, not its rank_slice "
                            f"[{rank * per_rank}, {(rank + 1) * per_rank}); the mesh is not ordered by process.")
-    compiled_memory = _memory_stats(step.lower(p, state, global_batch(0)))  # also compiles before step 0
+    lowered = step.lower(p, state, global_batch(0))
+    compiled_memory = _memory_stats(lowered.compile())  # compiles before step 0; a compile error surfaces here
+    path = observed_collective_path(lowered.as_text(), size)
     for i in range(spec.steps):
         batch = global_batch(i)
         t0 = time.perf_counter()
@@ -224,7 +235,6 @@ def train_jax(spec, handle) -> dict:
             "loss_scope": "global", "grad_norm": float(np.asarray(metrics["grad_norm"].addressable_data(0))),
             "step_time_s": elapsed, "peak_rss_bytes": peak_rss_bytes(),
         }])
-    path = "none" if size == 1 else "psum" if spec.strategy == "ddp" else "psum_scatter"
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"), "collective_path": path,
                "num_collectives": int(step.num_collectives), "peak_rss_bytes": peak_rss_bytes(),
                "versions": _versions()}

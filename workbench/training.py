@@ -73,15 +73,28 @@ class RunSpec:
             raise bad("optimizer", "choose 'sgd' or 'adamw'")
         if self.precision not in ("float32", "bfloat16"):
             raise bad("precision", "choose 'float32' or 'bfloat16'")
-        if not self.learning_rate > 0:
-            raise bad("learning_rate", "must be > 0")
-        if self.max_norm is not None and not self.max_norm > 0:
-            raise bad("max_norm", "must be > 0 or None")
+        def real(name: str, low: float, *, strict: bool, optional: bool = False) -> None:
+            value = getattr(self, name)
+            if optional and value is None:
+                return
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or (value <= low if strict else value < low):
+                raise bad(name, f"must be a finite number {'>' if strict else '>='} {low}" + (" or None" if optional else ""))
+
+        real("learning_rate", 0, strict=True)
+        real("max_norm", 0, strict=True, optional=True)
+        real("weight_decay", 0, strict=False)
+        real("concentration", 0, strict=True)
+        for name in ("init_seed", "data_seed", "communication_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or (name != "communication_size" and value < 0):
+                raise bad(name, "must be an integer" + ("" if name == "communication_size" else " >= 0"))
         config = self.config  # validates the model fields, naming them
-        if self.strategy in ("fsdp-row", "fsdp-flat"):
+        if self.strategy != "ddp":  # FSDP layouts, and ZeRO-3's per-array rows, must tile every array
+            layout = "flat" if self.strategy == "fsdp-flat" else "row"
             spec = ModelSpec.from_shapes(dict(lm_param_shapes(config)), name="lm", dtype=self.precision)
             try:
-                plan_shards(plan_buckets(spec, self.communication_size), self.num_ranks, self.strategy.split("-")[1])
+                plan_shards(plan_buckets(spec, self.communication_size), self.num_ranks, layout)
             except ValueError as err:
                 raise bad("strategy", str(err)) from None
 
