@@ -13,7 +13,6 @@ For more than one machine, pass ipyparallel's own launchers through
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -146,11 +145,7 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         tmp = tempfile.TemporaryDirectory(prefix="workbench-engines-")
         workdir = Path(tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
-    extra_env: dict[str, str] = {}
-    if plan.hostfile is not None:
-        hostfile = workdir / "hostfile.json"
-        hostfile.write_text(json.dumps(plan.hostfile))
-        extra_env["MLX_HOSTFILE"] = str(hostfile)
+    extra_env = plan.write_files(workdir)
     cluster = ipp.Cluster(n=0, controller_ip=plan.host, log_level=logging.ERROR,
                           engine_launcher_class=engine_launcher_class, **cluster_kwargs)
     run = EngineRun(plan, cluster, None, {}, {}, workdir, tmp)

@@ -162,6 +162,22 @@ ENV = {"coordinator": "WORKBENCH_COORDINATOR", "num_processes": "WORKBENCH_NUM_P
 BACKENDS = ("gloo", "default")
 
 
+def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, backend: str = "gloo",
+                   timeout_s: int = 60) -> bool:
+    """``jax.distributed.initialize`` on the coordinator's interface; with gloo, CPU collectives
+    over gloo bound to that host. Returns whether gloo was bound (see :func:`bind_gloo_to`)."""
+    import jax
+
+    gloo_bound = False
+    if backend == "gloo":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        gloo_bound = bind_gloo_to(coordinator.rsplit(":", 1)[0])
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+                               coordinator_bind_address=coordinator,  # listen on the coordinator's interface only
+                               initialization_timeout=timeout_s)
+    return gloo_bound
+
+
 def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> argparse.Namespace:
     """The worker's arguments; each flag of :data:`ENV` that is absent is read from its variable.
 
@@ -202,18 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     import jax
     from jax.sharding import Mesh
 
-    host, port = args.coordinator.rsplit(":", 1)
-    gloo_bound = False
-    if args.backend == "gloo":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        gloo_bound = bind_gloo_to(host)
-    jax.distributed.initialize(
-        coordinator_address=args.coordinator,
-        num_processes=args.num_processes,
-        process_id=args.process_id,
-        coordinator_bind_address=f"{host}:{port}",  # listen on the coordinator's interface only
-        initialization_timeout=args.timeout_s,
-    )
+    host = args.coordinator.rsplit(":", 1)[0]
+    gloo_bound = initialize_jax(args.coordinator, args.num_processes, args.process_id,
+                                backend=args.backend, timeout_s=args.timeout_s)
     try:
         mesh = Mesh(np.array(jax.devices()), ("fsdp",))  # global: every process's devices, by process
         params, batch = build_problem(args.seed)

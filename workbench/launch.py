@@ -52,6 +52,14 @@ class LaunchPlan:
             return [[f"{self.host}:{p}"] for p in self.ports]
         return None
 
+    def write_files(self, workdir: Path) -> dict[str, str]:
+        """Write the files the ranks read (the MLX ring hostfile) into ``workdir``; returns their env vars."""
+        if self.hostfile is None:
+            return {}
+        path = Path(workdir) / "hostfile.json"
+        path.write_text(json.dumps(self.hostfile))
+        return {"MLX_HOSTFILE": str(path)}
+
     @property
     def coordinator(self) -> str | None:
         return f"{self.host}:{self.ports[0]}" if self.framework == "jax" else None
@@ -164,11 +172,7 @@ def run_local(plan: LaunchPlan, argv: list[str], *, timeout_s: float = 120.0, wo
         own_tmp = tempfile.TemporaryDirectory(prefix="workbench-launch-")
         workdir = Path(own_tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
-    base_env = {**os.environ}
-    if plan.hostfile is not None:
-        hostfile = workdir / "hostfile.json"
-        hostfile.write_text(json.dumps(plan.hostfile))
-        base_env["MLX_HOSTFILE"] = str(hostfile)
+    base_env = {**os.environ, **plan.write_files(workdir)}
     mpi = plan.framework == "mlx" and plan.backend == "mpi"
     commands = [mpirun_command(plan, argv)] if mpi else [[sys.executable, *argv]] * plan.num_ranks
     logs = [workdir / f"rank{r}.log" for r in range(len(commands))]

@@ -52,7 +52,7 @@ def init_distributed(timeout_s: int = 120) -> tuple[int, int]:
     """
     import jax
 
-    from .jax_worker import bind_gloo_to
+    from .jax_worker import initialize_jax
 
     try:
         coordinator = os.environ["WORKBENCH_COORDINATOR"]
@@ -62,13 +62,8 @@ def init_distributed(timeout_s: int = 120) -> tuple[int, int]:
         raise RuntimeError(f"JAX rank environment incomplete or malformed ({err!r}); "
                            "start ranks from workbench.launch.plan_launch(framework='jax').") from None
     if not jax.distributed.is_initialized():
-        host = coordinator.rsplit(":", 1)[0]
-        if os.environ.get("WORKBENCH_BACKEND", "gloo") == "gloo":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            bind_gloo_to(host)
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                   process_id=process_id, coordinator_bind_address=coordinator,
-                                   initialization_timeout=timeout_s)
+        initialize_jax(coordinator, num_processes, process_id,
+                       backend=os.environ.get("WORKBENCH_BACKEND", "gloo"), timeout_s=timeout_s)
     if (jax.process_index(), jax.process_count()) != (process_id, num_processes):
         raise RuntimeError(f"jax.distributed is initialised as process {jax.process_index()} of {jax.process_count()}, "
                            f"but this rank's environment says {process_id} of {num_processes}.")
