@@ -248,12 +248,14 @@ def shard_gradients(
         if num_replicas > 1:
             shard = mx.distributed.all_sum(shard, group=dp_group, stream=stream)
         shards[str(b)] = shard / (n * num_replicas)
-    # Evaluate before anything consumes the shards. Left lazy, Adam's update (which reads
-    # each shard twice, for m and v) came out wrong on 2 ring ranks for buckets of several
-    # arrays, deterministically (tests/test_mlx_fsdp.py caught it); a minimal repro without
-    # the gradient graph did not show it, so the MLX-side cause is not pinned down. This is
-    # also the natural point for the communication to have finished.
-    mx.eval(shards)
+        # Evaluate each bucket before the next: only one bucket's rows and receive buffers are
+        # alive at a time (one lazy graph for all buckets held several buckets' buffers at
+        # once: +4 x the parameter bytes at the peak with 4 MiB buckets on 2 ranks, measured).
+        # Evaluated before anything consumes them, too: left lazy, Adam's update (which reads
+        # each shard twice, for m and v) came out wrong on 2 ring ranks for buckets of several
+        # arrays, deterministically (tests/test_mlx_fsdp.py caught it); a minimal repro without
+        # the gradient graph did not show it, so the MLX-side cause is not pinned down.
+        mx.eval(shards[str(b)])
     return shards
 
 
@@ -384,9 +386,16 @@ def fsdp_apply_gradients(
     new_shards = optimizer.apply_gradients(grad_shards, param_shards)
 
     updated = list(params_flat)
+    del param_shards
     for b in range(bp.num_buckets):
-        gathered = _all_gather(new_shards[str(b)], fsdp, communication_stream)
-        for i, arr in zip(bp.bucket(b).tolist(), _rebuild(gathered, params, plan, b)):
+        # One bucket at a time, its gradient shard and new shard released once gathered: the
+        # step's transient is the new parameter tree plus about one bucket (estimate_memory's
+        # update_copy and bucket rows), not every bucket's shards and buffers at once.
+        gathered = _all_gather(new_shards.pop(str(b)), fsdp, communication_stream)
+        grad_shards.pop(str(b))
+        rebuilt = _rebuild(gathered, params, plan, b)
+        mx.eval(rebuilt)
+        for i, arr in zip(bp.bucket(b).tolist(), rebuilt):
             updated[i] = (params_flat[i][0], arr)
 
     if report is not None:
