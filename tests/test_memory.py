@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import ModelSpec, ParamSpec, plan_buckets, plan_shards
-from workbench.memory import (COMPONENTS, STRATEGIES, compare_estimators, compare_strategies,
+from workbench.memory import (COMPONENTS, PHASES, STRATEGIES, UPDATE_COPIES, compare_estimators, compare_strategies,
                               estimate_activation_bytes, estimate_memory, explain_qwen_3_7b, largest_unit_params)
 from workbench.presets import PRESETS, get_preset
 
@@ -28,14 +28,18 @@ def test_zero_paper_figure_1():
 
 @settings(max_examples=60, deadline=None)
 @given(strategy=st.sampled_from(STRATEGIES), n=st.integers(1, 64), optimizer=st.sampled_from(["sgd", "sgd_momentum", "adam"]),
-       accum=st.sampled_from([None, "float32"]), cap=st.integers(0, 4096), act=st.integers(0, 10**9))
-def test_total_is_sum_of_components(strategy, n, optimizer, accum, cap, act):
+       accum=st.sampled_from([None, "float32"]), cap=st.integers(0, 4096), act=st.integers(0, 10**9),
+       copies=st.sampled_from(UPDATE_COPIES))
+def test_total_is_states_plus_the_larger_transient_phase(strategy, n, optimizer, accum, cap, act, copies):
     spec = tiny_spec()
     plan = plan_buckets(spec, cap)
     est = estimate_memory(spec, strategy, n, optimizer=optimizer, grad_accum_dtype=accum, bucket_plan=plan,
-                          shard_plan=plan_shards(plan, n, "flat"), activation_bytes=act)
+                          shard_plan=plan_shards(plan, n, "flat"), activation_bytes=act, update_copies=copies)
     assert [c.name for c in est.components] == list(COMPONENTS)
-    assert est.total_bytes == sum(est.as_dict().values()) == sum(c.rank_bytes for c in est.components)
+    by_phase = {p: sum(c.rank_bytes for c in est.components if c.phase == p) for p in PHASES}
+    assert sum(by_phase.values()) == sum(est.as_dict().values())  # every row in exactly one phase
+    assert est.total_bytes == by_phase["states"] + max(by_phase["step"], by_phase["backward"])
+    assert est.total_bytes - by_phase["states"] == est.phase_bytes(est.peak_phase)
     assert all(c.rank_bytes >= 0 for c in est.components)
     assert est["activations"] == act
 
@@ -64,7 +68,7 @@ def test_bucket_buffers_grow_with_communication_size():
     plan = plan_buckets(spec, 2**16)
     big = int(plan.bucket_elems.max()) * 4
     assert estimate_memory(spec, "fsdp", 4, bucket_plan=plan)["reduce_scatter_buffer"] == big + big // 4
-    assert estimate_memory(spec, "ddp", 4, bucket_plan=plan)["all_reduce_buffer"] == 2 * big
+    assert estimate_memory(spec, "ddp", 4, bucket_plan=plan)["all_reduce_buffer"] == big  # the all-reduced copy is reduced_gradients
 
 
 def test_flat_padding_taken_from_plan():
@@ -101,7 +105,7 @@ def test_hsdp_shape_and_memory():
 @pytest.mark.parametrize("kwargs, knob", [
     (dict(model=-1), "model"), (dict(num_shards=0), "num_shards"), (dict(strategy="zero4"), "strategy"),
     (dict(optimizer="lion"), "optimizer"), (dict(activation_bytes=-5), "activation_bytes"),
-    (dict(param_dtype="float7"), "param_dtype"), (dict(units={"x": -1}, strategy="zero3"), "units"),
+    (dict(param_dtype="float7"), "param_dtype"), (dict(update_copies="some"), "update_copies"), (dict(units={"x": -1}, strategy="zero3"), "units"),
 ])
 def test_bad_input_names_the_knob(kwargs, knob):
     args = dict(model=10**6, strategy="fsdp", num_shards=4) | kwargs
@@ -164,3 +168,27 @@ def test_non_finite_counts_name_the_knob():
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="num_shards"):
             estimate_memory(7_000_000_000, "zero2", num_shards=bad)
+
+
+def test_update_copies_rows():
+    # The MLX step (measured in tests/test_validation.py on real runs): DDP's averaged gradients and
+    # the new parameter tree sit beside the old; FSDP holds only the new tree; ZeRO-3 its new shard.
+    psi, n = 10**6, 4
+    knobs = dict(param_dtype="float32", master_dtype=None, optimizer="adamw")
+    ddp = estimate_memory(psi, "ddp", n, update_copies="parameters", **knobs)
+    assert (ddp["reduced_gradients"], ddp["updated_parameters"], ddp["updated_optimizer_state"]) == (4 * psi, 4 * psi, 0)
+    fsdp = estimate_memory(psi, "fsdp", n, update_copies="parameters", **knobs)
+    assert (fsdp["reduced_gradients"], fsdp["updated_parameters"]) == (0, 4 * psi)
+    assert estimate_memory(psi, "zero3", n, update_copies="parameters", **knobs)["updated_parameters"] == psi
+    jax_like = estimate_memory(psi, "fsdp", n, update_copies="parameters_and_state", **knobs)
+    assert jax_like["updated_optimizer_state"] == fsdp["optimizer_state"] == 8 * psi // n
+    theory = estimate_memory(psi, "ddp", n, **knobs)
+    assert theory.total_bytes == theory.model_state_bytes  # "none": the ZeRO paper's model states only
+    assert ddp.total_bytes == theory.total_bytes + 8 * psi and ddp.peak_phase == "step"
+
+
+def test_backward_and_step_transients_do_not_add():
+    est = estimate_memory(10**6, "fsdp", 2, param_dtype="float32", master_dtype=None, update_copies="parameters",
+                          activation_bytes=10**9)
+    assert est.peak_phase == "backward"
+    assert est.total_bytes == est.phase_bytes("states") + 10**9 < sum(est.as_dict().values())

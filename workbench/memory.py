@@ -5,7 +5,15 @@ with Psi parameters, N ranks and K optimizer bytes per parameter, DDP holds (2 +
 ZeRO-1 (P_os) 4 Psi + K Psi / N, ZeRO-2 (P_os+g) 2 Psi + (2 + K) Psi / N, ZeRO-3 (P_os+g+p)
 (2 + 2 + K) Psi / N. Here K is split into its parts (master weights, optimizer state, an fp32
 gradient copy), and the transient terms most estimators omit get their own rows: collective
-bucket buffers, flat-layout padding, the largest gathered unit under ZeRO-3, activations.
+bucket buffers, flat-layout padding, the copies a functional update makes, the largest gathered
+unit under ZeRO-3, activations.
+
+Rows fall in three phases, and the peak is not their sum: ``states`` persist all step; the
+``backward`` rows (activations, the gathered unit) are gone before the ``step`` rows (collective
+buffers, update copies) appear, so ``total_bytes = states + max(backward, step)``. The phase
+split and the step rows were fitted to nothing: they follow from what the MLX step holds
+(measured with ``mx.get_peak_memory`` around each phase; :mod:`workbench.validation` checks
+them on every stored run).
 
 Strategies: ``ddp``; ``zero1``; ``zero2``; ``fsdp`` (MLX's ``fsdp_apply_gradients``: full
 parameters and gradients, sharded optimizer state, reduce-scatter / all-gather per bucket);
@@ -29,9 +37,17 @@ from .specs import DTYPE_BYTES, ModelSpec, canonical_dtype
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3", "hsdp")
 #: Optimizer states kept per parameter (SGD none, momentum one buffer, Adam/AdamW m and v).
 OPTIMIZER_NUM_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
-COMPONENTS = ("parameters", "gradients", "master_weights", "optimizer_state", "fp32_gradients",
-              "all_reduce_buffer", "reduce_scatter_buffer", "all_gather_buffer", "flat_padding",
-              "gathered_unit", "activations")
+#: Rows by phase: ``states`` persist; ``step`` (gradient sync and update) and ``backward`` never coexist.
+PHASES = {
+    "states": ("parameters", "gradients", "master_weights", "optimizer_state", "fp32_gradients", "flat_padding"),
+    "step": ("reduced_gradients", "updated_parameters", "updated_optimizer_state", "all_reduce_buffer",
+             "reduce_scatter_buffer", "all_gather_buffer"),
+    "backward": ("gathered_unit", "activations"),
+}
+COMPONENTS = tuple(name for rows in PHASES.values() for name in rows)
+MODEL_STATES = PHASES["states"][:5]
+#: What a step copies instead of updating in place (``update_copies``).
+UPDATE_COPIES = ("none", "parameters", "parameters_and_state")
 # strategy -> (parameters sharded, gradients sharded, optimizer side sharded)
 _SHARDED = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True),
             "fsdp": (False, False, True), "zero3": (True, True, True), "hsdp": (True, True, True)}
@@ -45,10 +61,16 @@ class MemoryComponent:
     rank_bytes: int
     formula: str = ""
 
+    @property
+    def phase(self) -> str:
+        """``"states"``, ``"step"`` or ``"backward"`` (see :data:`PHASES`)."""
+        return next(p for p, rows in PHASES.items() if self.name in rows)
+
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryEstimate:
-    """Per-rank memory of one strategy; ``total_bytes`` is the sum of ``components``."""
+    """Per-rank memory of one strategy at its peak: ``total_bytes`` is the ``states`` rows plus the
+    larger of the ``backward`` and ``step`` phases (:meth:`phase_bytes`)."""
 
     strategy: str
     num_params: int
@@ -58,7 +80,19 @@ class MemoryEstimate:
     total_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "total_bytes", sum(c.rank_bytes for c in self.components))
+        object.__setattr__(self, "total_bytes", self.phase_bytes("states") + max(
+            self.phase_bytes("step"), self.phase_bytes("backward")))
+
+    def phase_bytes(self, phase: str) -> int:
+        """Sum of the rows of ``phase`` (a key of :data:`PHASES`)."""
+        if phase not in PHASES:
+            raise KeyError(f"No phase {phase!r}; phases: {', '.join(PHASES)}.")
+        return sum(c.rank_bytes for c in self.components if c.name in PHASES[phase])
+
+    @property
+    def peak_phase(self) -> str:
+        """The transient phase that sets the peak: ``"step"`` or ``"backward"`` (ties: ``"step"``)."""
+        return "step" if self.phase_bytes("step") >= self.phase_bytes("backward") else "backward"
 
     def __getitem__(self, name: str) -> int:
         for c in self.components:
@@ -69,7 +103,7 @@ class MemoryEstimate:
     @property
     def model_state_bytes(self) -> int:
         """Parameters, gradients, master weights, optimizer state and fp32 gradients (the ZeRO terms)."""
-        return sum(self[n] for n in COMPONENTS[:5])
+        return sum(self[n] for n in MODEL_STATES)
 
     def as_dict(self) -> dict[str, int]:
         return {c.name: c.rank_bytes for c in self.components}
@@ -137,7 +171,7 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
                     optimizer_state_dtype: object = "float32", grad_accum_dtype: object = None,
                     bucket_plan: BucketPlan | None = None, shard_plan: ShardPlan | None = None,
                     reshard_after_forward: bool = True, units: Mapping[object, int] | None = None,
-                    activation_bytes: int = 0) -> MemoryEstimate:
+                    activation_bytes: int = 0, update_copies: str = "none") -> MemoryEstimate:
     """Estimate the bytes each rank holds at the peak of a training step.
 
     Args:
@@ -151,8 +185,9 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
         grad_accum_dtype: An extra gradient copy (fp32 accumulation; DeepSpeed's fp32 gradient
             partition), sharded like the optimizer state; ``None``: none.
         bucket_plan: Buffers from its largest bucket B (elements): DDP holds the concatenated bucket
-            and its all-reduced copy (2B); reduce-scatter B and its B/N result; all-gather B/N and B.
-            Under ZeRO-3 the buckets are the units and these buffers are the gathered unit.
+            (B; its all-reduced copy is the ``reduced_gradients`` row); reduce-scatter B and its B/N
+            result; all-gather B/N and B. Under ZeRO-3 the buckets are the units and these buffers
+            are the gathered unit.
         shard_plan: Its worst rank's padding elements, times the bytes of every sharded state.
         reshard_after_forward: ZeRO-3/HSDP: True holds one gathered unit (its parameters, and its
             full gradient before the reduce-scatter: DeepSpeed's 4 B x largest layer in 16 bit);
@@ -160,6 +195,14 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
         units: ZeRO-3 units ``{name: num_params}``; default: the buckets, else the spec's blocks
             (:func:`largest_unit_params`), else none.
         activation_bytes: Per rank, e.g. from :func:`estimate_activation_bytes`.
+        update_copies: What the step writes beside the old arrays instead of in place.
+            ``"none"``: nothing (the ZeRO paper; PyTorch's in-place DDP/FSDP). ``"parameters"``:
+            a functional update as MLX's (the step returns a new parameter tree while the caller
+            holds the old: the full tree, or the shard under ZeRO-3; DDP's averaged gradients are a
+            second tree too; FSDP releases its gradient shards bucket by bucket as the new tree
+            fills, so they add nothing at the peak; optimizer state reuses its buffers).
+            ``"parameters_and_state"``: also new optimizer state and master weights (a jitted JAX
+            step without ``donate_argnums``).
 
     Raises:
         ValueError: on a negative size, ``num_shards < 1``, an unknown strategy, optimizer or dtype,
@@ -170,6 +213,8 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
         raise ValueError(f"Unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
     if optimizer not in OPTIMIZER_NUM_STATES:
         raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZER_NUM_STATES)}.")
+    if update_copies not in UPDATE_COPIES:
+        raise ValueError(f"Unknown update_copies {update_copies!r}; choose one of {', '.join(UPDATE_COPIES)}.")
     spec = model if isinstance(model, ModelSpec) else None
     psi = spec.num_params if spec is not None else _count("model (parameter count)", model)
     n, r = _count("num_shards", num_shards, 1), _count("num_replicas", num_replicas, 1)
@@ -201,16 +246,28 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
             state("optimizer_state", ob, so, f"{optimizer} state"),
             state("fp32_gradients", ab, so, "accumulated gradients")]
 
+    copies = UPDATE_COPIES.index(update_copies)
+    none = MemoryComponent("", 0)
+    rows_step = [
+        state("reduced_gradients", gb, False, "averaged gradients beside the local ones")
+        if copies and strategy == "ddp" else none,
+        state("updated_parameters", pb, sp, "new parameters beside the old") if copies else none,
+        state("updated_optimizer_state", mb + ob + ab, so, "new master weights and optimizer state beside the old")
+        if copies == 2 else none,
+    ]
+    rows_step = [MemoryComponent(name, c.rank_bytes, c.formula) for name, c in zip(PHASES["step"], rows_step)]
+
     ar = rs = ag = 0
     if bucket_plan is not None:
         big = int(bucket_plan.bucket_elems.max()) if bucket_plan.num_buckets else 0
         if strategy == "ddp":
-            ar = 2 * big * gb
+            ar = big * gb
         elif not sp:
             rs, ag = big * gb + -(-big * gb // n), big * pb + -(-big * pb // n)
-    rows += [MemoryComponent("all_reduce_buffer", ar, "2 x largest bucket (concatenated + all-reduced)"),
-             MemoryComponent("reduce_scatter_buffer", rs, "largest bucket of gradients + its 1/N result"),
-             MemoryComponent("all_gather_buffer", ag, "1/N input + largest bucket of parameters")]
+    rows_step += [MemoryComponent("all_reduce_buffer", ar, "largest bucket, concatenated (its all-reduced copy "
+                                  "is reduced_gradients)"),
+                  MemoryComponent("reduce_scatter_buffer", rs, "largest bucket of gradients + its 1/N result"),
+                  MemoryComponent("all_gather_buffer", ag, "1/N input + largest bucket of parameters")]
 
     pad = 0
     if shard_plan is not None:
@@ -220,6 +277,7 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
         pad_elems = -(-int(shard_plan.rank_padding_bytes.max()) * pspec.num_params // max(pspec.nbytes, 1))
         pad = pad_elems * (pb * sp + gb * sg + (mb + ob + ab) * so)
     rows.append(MemoryComponent("flat_padding", pad, "worst rank's padding elements x bytes of sharded states"))
+    rows += rows_step
 
     unit = 0
     if sp:
