@@ -230,7 +230,16 @@ def train_jax(spec, handle) -> dict:
             "loss_scope": "global", "grad_norm": float(np.asarray(metrics["grad_norm"].addressable_data(0))),
             "step_time_s": elapsed, "peak_rss_bytes": peak_rss_bytes(),
         }])
+    def device_bytes(tree) -> int:  # this process's one device: its shard of every array
+        return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
+
+    measured = {"parameters": device_bytes(p), "optimizer_state": device_bytes(state)}
+    if compiled_memory is not None:  # XLA's buffer plan of the step on this device
+        measured["peak"] = (compiled_memory.get("argument_size_in_bytes", 0) + compiled_memory.get("output_size_in_bytes", 0)
+                            + compiled_memory.get("temp_size_in_bytes", 0) - compiled_memory.get("alias_size_in_bytes", 0))
+        measured["peak_source"] = "XLA memory_analysis: arguments + outputs + temporaries - aliased"
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"), "collective_path": path,
+               "measured_memory": measured,
                "num_collectives": int(step.num_collectives), "peak_rss_bytes": peak_rss_bytes(),
                "versions": _versions()}
     if compiled_memory is not None:

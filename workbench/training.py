@@ -135,7 +135,7 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
     import mlx.nn as nn
     import mlx.optimizers as optim
 
-    from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients, has_sum_scatter
+    from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients, has_sum_scatter, optimizer_state_bytes
     from .data import make_markov_chain, rank_slice, sample_batch
     from .models.init import init_lm_params
     from .models.mlx_lm import MLXLM, lm_loss, load_params
@@ -160,6 +160,11 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
         inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
         t0 = time.perf_counter()
         loss, grads = loss_and_grad(model, inputs, targets)
+        # Backward finishes before the sync starts: activations are gone before the collective
+        # buffers and update copies appear (the phases of workbench.memory), and the step time
+        # splits into compute and sync.
+        mx.eval(loss, grads)
+        t_sync = time.perf_counter()
         params = model.trainable_parameters()
         if spec.strategy == "ddp":
             params, norm = ddp_apply_gradients(grads, params, opt, group, spec.communication_size, max_norm=max_norm)
@@ -170,15 +175,24 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
         mx.eval(model.parameters(), opt.state, loss, norm)
         handle.append_steps([{
             "step": step, "rank": rank, "loss": loss.item(), "grad_norm": norm.item(),
-            "step_time_s": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes(),
-            "peak_array_bytes": _peak_memory_mlx(),
+            "step_time_s": time.perf_counter() - t0, "sync_time_s": time.perf_counter() - t_sync,
+            "peak_rss_bytes": peak_rss_bytes(), "peak_array_bytes": _peak_memory_mlx(),
         }])
     return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
             "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": _can_split(group)},
             "collective_path": report.get("reduce_scatter_path", "all_reduce"),
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
             "peak_array_bytes": _peak_memory_mlx(),
+            "measured_memory": {"parameters": _nbytes(model.parameters()), "optimizer_state": optimizer_state_bytes(opt),
+                                "peak": _peak_memory_mlx(), "peak_source": "mx.get_peak_memory"},
             "versions": _versions()}
+
+
+def _nbytes(tree) -> int:
+    """Bytes of the MLX arrays in ``tree`` on this rank."""
+    from mlx.utils import tree_flatten
+
+    return int(sum(v.nbytes for _, v in tree_flatten(tree)))
 
 
 def _can_split(group) -> bool:
@@ -275,7 +289,10 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         from .runstore import run_id_for
 
         return RunOutcome(run_id_for(spec_dict), "skipped")
-    handle = store.create(spec_dict, meta={"backend": "ring" if spec.framework == "mlx" else "gloo"})
+    from .validation import estimate_run_memory
+
+    handle = store.create(spec_dict, meta={"backend": "ring" if spec.framework == "mlx" else "gloo",
+                                           "memory_estimate": estimate_run_memory(spec).as_dict()})
     t0 = time.monotonic()
     plan = plan_launch(spec.num_ranks, framework=spec.framework)
     watchdog = StepWatchdog(handle.folder / "steps.jsonl", step_timeout_s, startup_timeout_s, progress, spec.num_ranks)

@@ -1,0 +1,78 @@
+"""The memory model against real runs: every run stores its measurement beside its estimate."""
+
+import pytest
+
+from workbench.memory import PHASES
+from workbench.runstore import load_runs
+from workbench.training import RunSpec, run_training
+from workbench.validation import (COMPONENT_TOLERANCE, PEAK_TOLERANCE, estimate_run_memory, memory_validation,
+                                  memory_validation_summary, spec_from_row)
+
+# Model states dominate (13.7 MB of fp32 parameters, 4 sequences per rank), as in a real FSDP run.
+VALIDATION_MODEL = dict(vocab_size=512, seq_len=32, dim=256, num_layers=4, num_heads=4, mlp_dim=1024)
+
+
+def spec(framework, strategy, **kw):
+    return RunSpec(**{"framework": framework, "strategy": strategy, "num_ranks": 2, "steps": 3, "global_batch": 8,
+                      "model": VALIDATION_MODEL, "communication_size": 2**20, **kw})
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    runs = [("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"), ("jax", "ddp"), ("jax", "fsdp-full")]
+    outcomes = {r: run_training(spec(*r), root) for r in runs}
+    assert {o.status for o in outcomes.values()} == {"done"}, {r: o.error for r, o in outcomes.items()}
+    loaded = load_runs(root)
+    return loaded, memory_validation(loaded)
+
+
+def test_every_run_record_holds_its_estimate(validated):
+    loaded, _ = validated
+    for _, run in loaded.runs.iterrows():
+        stored = {c: run[f"memory_estimate.{c}"] for c in PHASES["states"]}
+        assert stored == {c: estimate_run_memory(spec_from_row(run))[c] for c in stored}
+
+
+def test_parameters_and_optimizer_state_within_5_percent_on_every_rank(validated):
+    _, table = validated
+    states = table[table.component != "peak"]
+    assert len(states) == 5 * 2 * 2  # runs x ranks x components
+    assert states.within.all(), states[~states.within.astype(bool)]
+    assert ((states.ratio - 1).abs() <= COMPONENT_TOLERANCE).all()
+
+
+def test_mlx_peak_within_10_percent_and_fsdp_below_ddp(validated):
+    _, table = validated
+    peaks = table[(table.component == "peak") & (table.framework == "mlx")]
+    assert set(peaks.strategy) == {"ddp", "fsdp-row", "fsdp-flat"} and len(peaks) == 6
+    assert ((peaks.ratio - 1).abs() <= PEAK_TOLERANCE).all(), peaks
+    measured = peaks.groupby("strategy").measured_bytes.max()
+    # FSDP shards the AdamW state and holds one new tree, not DDP's averaged gradients too.
+    assert measured["fsdp-row"] < 0.8 * measured["ddp"] and measured["fsdp-flat"] < 0.8 * measured["ddp"]
+
+
+def test_jax_peak_is_reported_with_its_source_but_no_target(validated):
+    _, table = validated
+    peaks = table[(table.component == "peak") & (table.framework == "jax")]
+    assert len(peaks) == 4 and peaks.tolerance.isna().all() and peaks.within.isna().all()
+    assert peaks.source.str.startswith("XLA memory_analysis").all()
+    summary = memory_validation_summary(table)
+    assert summary[(summary.framework == "mlx")].within.all()
+    # ZeRO-3 holds half the parameters per rank at rest
+    full = table[(table.strategy == "fsdp-full") & (table.component == "parameters")]
+    assert (full.measured_bytes * 2 == estimate_run_memory(spec("jax", "ddp"))["parameters"]).all()
+
+
+def test_estimate_follows_the_framework_and_strategy():
+    mlx_ddp, mlx_fsdp = estimate_run_memory(spec("mlx", "ddp")), estimate_run_memory(spec("mlx", "fsdp-row"))
+    p = mlx_ddp["parameters"]
+    assert mlx_ddp["optimizer_state"] == 2 * p and mlx_fsdp["optimizer_state"] == p  # AdamW, fp32, 2 ranks
+    assert mlx_ddp["reduced_gradients"] == p and mlx_fsdp["reduced_gradients"] == 0
+    assert mlx_fsdp["updated_optimizer_state"] == 0
+    assert estimate_run_memory(spec("jax", "fsdp-row"))["updated_optimizer_state"] == p
+    bf16 = estimate_run_memory(spec("mlx", "ddp", precision="bfloat16"))
+    assert bf16["parameters"] * 2 == p and bf16["optimizer_state"] * 2 == 2 * p
+    assert estimate_run_memory(spec("mlx", "ddp", optimizer="sgd"))["optimizer_state"] == 0
+    with pytest.raises(ValueError, match="strategy"):
+        estimate_run_memory({**spec("mlx", "ddp").to_dict(), "strategy": "zero4"})

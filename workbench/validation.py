@@ -1,0 +1,155 @@
+"""The memory model against measurement: the estimate for a run's spec, and the two side by side.
+
+:func:`estimate_run_memory` turns a :class:`~workbench.training.RunSpec` into the
+:func:`~workbench.memory.estimate_memory` call that describes it: the LM's parameter shapes,
+the strategy, precision and optimizer, the bucket and shard plans of its
+``communication_size``, activations, and how the framework's step updates (MLX returns a new
+parameter tree and reuses optimizer buffers; a jitted JAX step without donation returns new
+parameters and new optimizer state). :func:`memory_validation` compares it, per run and rank,
+with what the ranks measured (:mod:`workbench.training` stores it in every run record):
+
+* ``parameters`` and ``optimizer_state``: bytes of the live arrays on the rank (MLX arrays; the
+  JAX device's shards). Target: within :data:`COMPONENT_TOLERANCE`.
+* ``peak``: MLX's ``mx.get_peak_memory`` over the run (its allocator's high-water mark of array
+  bytes); JAX on CPU has no allocator statistics, so its ``peak`` is XLA's buffer plan of the
+  compiled step (arguments + outputs + temporaries). Target: within :data:`PEAK_TOLERANCE`
+  for MLX. XLA's plan reuses output buffers for gradients where it can, which a closed formula
+  does not follow: the JAX peak is reported, with its ratio, but not held to the target.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .buckets import plan_buckets
+from .memory import MemoryEstimate, estimate_activation_bytes, estimate_memory
+from .models.init import LMConfig, lm_param_shapes
+from .shards import plan_shards
+from .specs import DTYPE_BYTES, ModelSpec
+
+COMPONENT_TOLERANCE = 0.05
+PEAK_TOLERANCE = 0.10
+#: Run strategy -> the memory model's strategy.
+MEMORY_STRATEGY = {"ddp": "ddp", "fsdp-row": "fsdp", "fsdp-flat": "fsdp", "fsdp-full": "zero3"}
+#: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).
+UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
+
+
+def run_model_spec(spec: Any) -> ModelSpec:
+    """The parameter shapes of a run's LM, in its precision (``spec``: a RunSpec or its dict)."""
+    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    return ModelSpec.from_shapes(dict(lm_param_shapes(LMConfig(**fields["model"]))), name="lm", dtype=fields["precision"])
+
+
+def estimate_run_activation_bytes(config: LMConfig, micro_batch_size: int, dtype: str) -> int:
+    """Activations of the LM for backward: Korthikanti et al.'s per-layer term at this dtype, plus the
+    fp32 logits and their softmax (``2 * s * b * V * 4``), which that formula leaves out.
+
+    Korthikanti's 34 assumes 16-bit activations; it is scaled by ``bytes(dtype) / 2``.
+    """
+    layers = estimate_activation_bytes(seq_len=config.seq_len, micro_batch_size=micro_batch_size,
+                                       hidden_size=config.dim, num_heads=config.num_heads, num_layers=config.num_layers)
+    return layers * DTYPE_BYTES[dtype] // 2 + 2 * config.seq_len * micro_batch_size * config.vocab_size * 4
+
+
+def estimate_run_memory(spec: Any) -> MemoryEstimate:
+    """Per-rank memory estimate of a run (a :class:`~workbench.training.RunSpec` or its dict).
+
+    The bucket plan is MLX's rule at ``communication_size`` (the JAX FSDP step uses the same
+    plan); ``fsdp-full`` is ZeRO-3 with one unit per transformer block plus the root.
+    """
+    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    strategy, n, precision = fields["strategy"], fields["num_ranks"], fields["precision"]
+    if strategy not in MEMORY_STRATEGY:
+        raise ValueError(f"strategy {strategy!r} has no memory model; known: {', '.join(MEMORY_STRATEGY)}.")
+    model = run_model_spec(fields)
+    buckets = plan_buckets(model, fields["communication_size"])
+    shard_plan = plan_shards(buckets, n, strategy.split("-")[1]) if strategy in ("fsdp-row", "fsdp-flat") else None
+    config = LMConfig(**fields["model"])
+    return estimate_memory(
+        model, MEMORY_STRATEGY[strategy], n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
+        optimizer_state_dtype=precision, bucket_plan=buckets if strategy != "fsdp-full" else None,
+        shard_plan=shard_plan, update_copies=UPDATE_COPIES[fields["framework"]],
+        activation_bytes=estimate_run_activation_bytes(config, fields["global_batch"] // n, precision))
+
+
+def predicted_components(estimate: MemoryEstimate) -> dict[str, int]:
+    """The estimate in the terms a rank can measure: parameters, optimizer state (with master
+    weights and the flat layout's padding, which lives in the sharded state), and the peak."""
+    padding = estimate["flat_padding"] if estimate.strategy in ("zero1", "zero2", "fsdp") else 0
+    return {"parameters": estimate["parameters"],
+            "optimizer_state": estimate["optimizer_state"] + estimate["master_weights"] + padding,
+            "peak": estimate.total_bytes}
+
+
+def spec_from_row(run: Mapping[str, Any]) -> dict:
+    """A run's spec dict back from a row of ``load_runs(...).runs`` (flattened ``spec.*`` columns;
+    pandas turns integers into floats where a column has gaps, so integral floats become ints)."""
+    def plain(v: Any) -> Any:
+        v = v.item() if hasattr(v, "item") else v
+        return int(v) if isinstance(v, float) and v.is_integer() else v
+
+    spec: dict = {"model": {}}
+    for key, value in run.items():
+        if key.startswith("spec.model."):
+            spec["model"][key[len("spec.model."):]] = plain(value)
+        elif key.startswith("spec."):
+            spec[key[len("spec."):]] = plain(value)
+    return spec
+
+
+def memory_validation(loaded) -> "pd.DataFrame":
+    """Predicted against measured memory, one row per (done run, rank, component).
+
+    Args:
+        loaded: :func:`workbench.runstore.load_runs` output.
+
+    Returns:
+        Columns ``run``, ``run_id``, ``framework``, ``strategy``, ``rank``, ``component``
+        (``parameters``, ``optimizer_state``, ``peak``), ``predicted_bytes``, ``measured_bytes``,
+        ``ratio`` (measured / predicted), ``tolerance`` (None where no target applies: the JAX
+        peak), ``within`` (bool or None) and ``source`` (how it was measured). Runs recorded
+        before measurements were stored contribute no rows.
+    """
+    import pandas as pd
+
+    rows = []
+    runs = loaded.runs
+    done = runs[runs.status == "done"] if "status" in runs else runs.iloc[0:0]
+    for _, run in done.iterrows():
+        spec = spec_from_row(run)
+        predicted = predicted_components(estimate_run_memory(spec))
+        for rank in run.get("summary.ranks") or []:
+            measured = rank.get("measured_memory")
+            if not measured:
+                continue
+            for component, want in predicted.items():
+                got = measured.get(component)
+                if got is None:
+                    continue
+                tolerance = (PEAK_TOLERANCE if spec["framework"] == "mlx" else None) if component == "peak" \
+                    else COMPONENT_TOLERANCE
+                ratio = got / want if want else float("nan")
+                rows.append({
+                    "run": f"{spec['framework']} {spec['strategy']}", "run_id": run.run_id,
+                    "framework": spec["framework"], "strategy": spec["strategy"], "rank": rank.get("rank"),
+                    "component": component, "predicted_bytes": int(want), "measured_bytes": int(got), "ratio": ratio,
+                    "tolerance": tolerance, "within": None if tolerance is None else bool(abs(ratio - 1) <= tolerance),
+                    "source": measured.get("peak_source", "live arrays") if component == "peak" else "live arrays",
+                })
+    columns = ["run", "run_id", "framework", "strategy", "rank", "component", "predicted_bytes", "measured_bytes",
+               "ratio", "tolerance", "within", "source"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def memory_validation_summary(table: "pd.DataFrame") -> "pd.DataFrame":
+    """Per strategy and component: the worst |ratio - 1| over ranks and runs, and whether all are within target."""
+    import pandas as pd
+
+    if table.empty:
+        return pd.DataFrame(columns=["framework", "strategy", "component", "worst_error", "tolerance", "within"])
+    t = table.assign(error=(table.ratio - 1).abs())
+    g = t.groupby(["framework", "strategy", "component"], sort=True)
+    out = g.agg(worst_error=("error", "max"), tolerance=("tolerance", "first")).reset_index()
+    out["within"] = [None if pd.isna(tol) else bool(err <= tol) for err, tol in zip(out.worst_error, out.tolerance)]
+    return out
