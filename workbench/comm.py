@@ -82,13 +82,16 @@ class AlphaBeta:
         return self.alpha_s * np.asarray(steps, float) + np.asarray(nbytes, float) / self.beta_bytes_per_s
 
 
-def fit_alpha_beta(sizes_bytes, times_s, steps=1) -> AlphaBeta:
+def fit_alpha_beta(sizes_bytes, times_s, steps=1, *, relative: bool = False) -> AlphaBeta:
     """Least-squares fit of :class:`AlphaBeta` to measured ``(bytes, seconds)`` points.
 
     Args:
         sizes_bytes: Bytes sent per rank of each measurement.
         times_s: Seconds of each measurement.
         steps: Latency terms per measurement (a number or one per point), e.g. :func:`ring_steps`.
+        relative: Minimise relative rather than absolute residuals, so that small messages (which
+            set the latency) weigh as much as large ones (which set the bandwidth) over a sweep of
+            sizes spanning 1 KiB to 256 MiB, as nccl-tests' are.
 
     Returns:
         The fit; if the unconstrained fit gives a negative latency, latency 0 and the
@@ -107,9 +110,13 @@ def fit_alpha_beta(sizes_bytes, times_s, steps=1) -> AlphaBeta:
     design = np.column_stack([k, x])
     if np.linalg.matrix_rank(design) < 2:
         raise ValueError("sizes_bytes (with steps) must vary to separate latency from bandwidth.")
-    (alpha, inv_bw), *_ = np.linalg.lstsq(design, t, rcond=None)
+    if relative and not (t > 0).all():
+        raise ValueError("times_s must all be > 0 for a relative fit.")
+    w = 1 / t if relative else np.ones_like(t)
+    (alpha, inv_bw), *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
     if alpha < 0:
-        alpha, inv_bw = 0.0, float(x @ t / (x @ x))
+        xw = x * w
+        alpha, inv_bw = 0.0, float(xw @ (t * w) / (xw @ xw))
     if inv_bw <= 0:
         raise ValueError("times_s do not grow with sizes_bytes: the fitted bandwidth is not positive.")
     return AlphaBeta(float(alpha), float(1.0 / inv_bw))
