@@ -1,0 +1,90 @@
+"""The collective benchmark on real engines, the alpha-beta fit, and the step-time tables from real runs."""
+
+import numpy as np
+import pytest
+
+from workbench.buckets import plan_buckets
+from workbench.collectives import (KINDS, benchmark_spec, fit_links, load_collective_benchmarks,
+                                   run_collective_benchmark)
+from workbench.comm import AlphaBeta, bus_factor, estimate_comm, fit_alpha_beta
+from workbench.runstore import RunStore, load_runs
+from workbench.step_time import (comm_size_table, fig_collective_bandwidth, fig_comm_size_sweep, pr_step_table,
+                                 predict_sync_s)
+from workbench.training import RunSpec, run_training
+from workbench.validation import run_model_spec
+
+SIZES = (2**12, 2**16, 2**22)  # up to 4 MiB: bandwidth dominates the largest, so the fit is well posed
+TINY = dict(vocab_size=64, seq_len=16, dim=64, num_layers=2, num_heads=2, mlp_dim=128)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("collectives")
+    ids = {fw: run_collective_benchmark(root, fw, 2, sizes_bytes=SIZES, iters=3) for fw in ("mlx", "jax")}
+    return root, ids
+
+
+def test_benchmark_is_stored_and_tabulated_in_nccl_tests_terms(bench):
+    root, ids = bench
+    table = load_collective_benchmarks(root)
+    assert len(table) == 2 * len(KINDS) * len(SIZES)
+    assert set(table.run_id) == set(ids.values())
+    assert (table.time_s > 0).all()
+    np.testing.assert_allclose(table.algbw_bytes_per_s, table.size_bytes / table.time_s)
+    for kind, factor in (("all_reduce", 1.0), ("all_gather", 0.5), ("reduce_scatter", 0.5)):  # 2 ranks
+        rows = table[table.kind == kind]
+        np.testing.assert_allclose(rows.busbw_bytes_per_s, rows.algbw_bytes_per_s * factor)
+        assert (rows.rank_bytes == rows.size_bytes * bus_factor(kind, 2)).all()
+    # MLX's CPU ring has no sum_scatter: the benchmark measured the workbench ring, as FSDP uses it
+    assert set(table[(table.framework == "mlx") & (table.kind == "reduce_scatter")].path) == {"ring"}
+    record = RunStore(root).load_record(ids["mlx"])
+    assert record["status"] == "done" and "mlx" in record["summary"]["ranks"][0]["versions"]
+    # stored and done: a second call skips (returns at once, same id)
+    assert run_collective_benchmark(root, "mlx", 2, sizes_bytes=SIZES, iters=3) == ids["mlx"]
+    fits = fit_links(table)
+    assert set(fits) == {(fw, k) for fw in ("mlx", "jax") for k in KINDS}
+    fig = fig_collective_bandwidth(table, fits)
+    assert len(fig.data) == 2 * 2 * len(KINDS)
+
+
+def test_fit_recovers_known_constants():
+    link = AlphaBeta(20e-6, 5e9)
+    sizes = np.array([2.0**k for k in range(10, 29)])
+    times = link.predict_s(sizes, 3)
+    for relative in (False, True):
+        fit = fit_alpha_beta(sizes, times, 3, relative=relative)
+        assert fit.alpha_s == pytest.approx(20e-6, rel=1e-6) and fit.beta_bytes_per_s == pytest.approx(5e9, rel=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(framework="torch"), "framework"), (dict(num_ranks=1), "num_ranks"), (dict(kinds=["all_to_all"]), "kinds"),
+    (dict(sizes_bytes=[1001]), "sizes_bytes"), (dict(sizes_bytes=[4]), "sizes_bytes"), (dict(iters=0), "iters"),
+])
+def test_bad_benchmark_knobs_name_the_field(kwargs, field):
+    args = dict(framework="mlx", num_ranks=2) | kwargs
+    with pytest.raises(ValueError, match=field):
+        benchmark_spec(**args)
+
+
+def test_sweep_tables_from_real_runs(tmp_path):
+    sizes = (2**12, 2**16)
+    for cs in sizes:
+        for strategy in ("ddp", "fsdp-row"):
+            outcome = run_training(RunSpec(framework="mlx", strategy=strategy, num_ranks=2, steps=3, global_batch=4,
+                                           model=TINY, communication_size=cs), tmp_path)
+            assert outcome.status == "done", outcome.error
+    links = {("mlx", k): AlphaBeta(1e-4, 1e9) for k in KINDS}
+    table = comm_size_table(load_runs(tmp_path), links)
+    assert len(table) == 4 and (table.step_ms > table.sync_ms).all() and (table.sync_ms > 0).all()
+    assert (table.peak_mib > 0).all() and (table.predicted_peak_mib > 0).all()
+    row = table[(table.strategy == "fsdp-row") & (table.communication_size == 2**12)].iloc[0]
+    buckets = plan_buckets(run_model_spec(dict(model=TINY, precision="float32")), 2**12)
+    assert row.num_buckets == buckets.num_buckets and row.num_collectives == 2 * buckets.num_buckets
+    expected = predict_sync_s(estimate_comm(buckets, "fsdp", 2), links, "mlx") * 1e3
+    assert row.predicted_sync_ms == pytest.approx(expected)
+    pr = pr_step_table(table)
+    assert list(pr.columns) == ["params", "comm size", "DDP (ms)", "FSDP (ms)", "DDP bf16 (ms)", "FSDP bf16 (ms)"]
+    assert len(pr) == 2 and pr["DDP bf16 (ms)"].isna().all() and pr["FSDP (ms)"].notna().all()
+    assert len(fig_comm_size_sweep(table).data) == 2 * 5
+    with pytest.raises(KeyError, match="jax all_reduce"):
+        predict_sync_s(estimate_comm(buckets, "ddp", 2), links, "jax")
