@@ -1,0 +1,174 @@
+"""Memory figures carry the model's numbers; the explorer redraws on every control; bad input names the knob."""
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from workbench.memory import PHASES, estimate_memory, explain_qwen_3_7b
+from workbench.presets import get_preset
+from workbench.memory_view import (UNITS, ZERO_FIGURE_1, build_memory_explorer, breakdown_summary,
+                                   estimate_breakdowns, estimator_table, fig_memory_breakdown, fig_memory_validation,
+                                   fig_qwen_gap, fig_zero_figure_1, peak_label, zero_figure_1_table)
+
+
+def bars(fig) -> dict[str, list[float]]:
+    """``{component: y}`` of the bar traces."""
+    return {t.name: list(t.y) for t in fig.data if t.type == "bar"}
+
+
+def trace(fig, name_start: str):
+    return next(t for t in fig.data if t.name.startswith(name_start))
+
+
+def stacked_totals(fig) -> list[float]:
+    return [sum(col) for col in zip(*bars(fig).values())]
+
+
+def test_breakdown_bars_are_the_estimate_rows_and_sum_to_the_peak():
+    estimates = estimate_breakdowns("gpt2", ("ddp", "fsdp", "zero3"), (2, 8), seq_len=256,
+                                    update_copies="parameters")
+    fig = fig_memory_breakdown(estimates, unit="MiB")
+    go.Figure(fig.to_dict())  # valid plotly
+    shown = bars(fig)
+    for k, e in enumerate(estimates):
+        for name, y in shown.items():
+            drawn = name in PHASES["states"] or name in PHASES[e.peak_phase]
+            assert y[k] == pytest.approx(e[name] / 2**20 if drawn else 0.0)
+    assert stacked_totals(fig) == pytest.approx([e.total_bytes / 2**20 for e in estimates])
+    for phase in ("step", "backward"):
+        peak, mine = trace(fig, f"peak, set by {phase}"), [e for e in estimates if peak_label(e) == phase]
+        assert list(peak.y) == pytest.approx([e.total_bytes / 2**20 for e in mine]) and mine
+        assert list(peak.x[0]) == [e.strategy for e in mine] and list(peak.x[1]) == [f"N={e.num_shards}" for e in mine]
+    assert list(fig.data[0].x[0]) == ["ddp"] * 2 + ["fsdp"] * 2 + ["zero3"] * 2
+    assert list(fig.data[0].x[1]) == ["N=2", "N=8"] * 3
+    # DDP's step (averaged gradients + a new tree) is drawn only when it beats backward, and vice versa
+    other = trace(fig, "other transient")
+    for e, y in zip(estimates, other.y):
+        off = e.phase_bytes("backward" if e.peak_phase == "step" else "step")
+        assert (y is None) if not off else y == pytest.approx((e.phase_bytes("states") + off) / 2**20)
+
+
+def test_breakdown_activations_follow_micro_batch_and_seq_len():
+    small, big = (estimate_breakdowns("gpt2", ("ddp",), (8,), seq_len=s, micro_batch_size=b)[0]
+                  for s, b in ((128, 1), (256, 4)))
+    assert big["activations"] > 4 * small["activations"] > 0
+    assert small["parameters"] == big["parameters"]
+
+
+def test_zero_figure_1_reproduced_and_drawn():
+    table = zero_figure_1_table()
+    assert table.matches_paper.all()
+    assert table.paper_gb.tolist() == [120.0, 31.4, 16.6, 1.9]
+    assert table.workbench_gb.tolist() == pytest.approx([120.0, 31.40625, 16.640625, 1.875])
+    fig = fig_zero_figure_1()
+    assert stacked_totals(fig) == pytest.approx(table.workbench_gb.tolist())
+    assert list(trace(fig, "paper").y) == [v[2] for v in ZERO_FIGURE_1.values()]
+    assert list(fig.data[0].x[0]) == ["Baseline", "P_os", "P_os+g", "P_os+g+p"]
+    assert list(trace(fig, "peak, set by states only").text) == ["120", "31.4", "16.6", "1.88"]
+    assert not any(t.name.startswith(("peak, set by step", "peak, set by backward")) for t in fig.data)
+
+
+def test_qwen_gap_figure_carries_the_gap():
+    gap = explain_qwen_3_7b()
+    fig = fig_qwen_gap(gap)
+    go.Figure(fig.to_dict())
+    left = {t.name: list(t.y) for t in fig.data if t.type == "bar"}
+    # each stacked bar is the measured peak: modelled rows + unmodelled
+    assert [sum(col) for col in zip(*left.values())] == pytest.approx(
+        [gap.measured_baseline_bytes / 1e9, gap.measured_candidate_bytes / 1e9])
+    assert left["optimizer_state"] == pytest.approx([29.6, 3.7])
+    fall = next(t for t in fig.data if t.type == "waterfall")
+    steps = dict(zip(fall.x, fall.y))
+    assert steps["optimizer_state (predicted)"] == pytest.approx(-25.9)
+    assert steps["residual (unexplained)"] == pytest.approx(-gap.residual_bytes / 1e9)
+    assert sum(y for y, m in zip(fall.y, fall.measure) if m != "total") == pytest.approx(
+        gap.measured_candidate_bytes / 1e9)
+    assert abs(gap.residual_bytes) / gap.measured_difference_bytes < 0.10
+
+
+def test_estimator_table_names_every_source():
+    table = estimator_table(7_000_000_000, 8, largest_layer_params=200_000_000)
+    s2 = table[table.stage == 2].set_index("source").gb
+    assert s2.to_dict() == pytest.approx({"ZeRO paper": 26.25, "Ultra-Scale Playbook": 26.25, "DeepSpeed code": 29.75,
+                                          "DeepSpeed docs": 42.0, "workbench": 29.75})
+    assert (table.gib * 2**30).tolist() == pytest.approx((table.gb * 1e9).tolist())
+    assert table.reason.str.len().min() > 20
+
+
+def validation_table(peak_ratio=0.97, within=True):
+    rows = []
+    for run, fw, strategy in (("mlx ddp", "mlx", "ddp"), ("jax fsdp-full", "jax", "fsdp-full")):
+        for comp, pred, tol in (("parameters", 100, 0.05), ("optimizer_state", 200, 0.05), ("peak", 1000, 0.10)):
+            if fw == "jax" and comp == "peak":
+                tol = None
+            for rank, r in ((0, 1.0), (1, peak_ratio if comp == "peak" else 1.0)):
+                rows.append(dict(run=run, run_id=run, framework=fw, strategy=strategy, rank=rank, component=comp,
+                                 predicted_bytes=pred * 2**20, measured_bytes=int(pred * r * 2**20), ratio=r,
+                                 tolerance=tol, within=None if tol is None else within, source="test"))
+    return pd.DataFrame(rows)
+
+
+def test_validation_figure_shows_worst_rank_and_tolerance():
+    fig = fig_memory_validation(validation_table())
+    go.Figure(fig.to_dict())
+    measured = [t for t in fig.data if t.name == "measured"]
+    predicted = [t for t in fig.data if t.name.startswith("predicted")]
+    assert len(measured) == len(predicted) == 3
+    peak_bars, peak_pred = measured[2], predicted[2]
+    assert list(peak_bars.x) == ["jax fsdp-full", "mlx ddp"]
+    assert list(peak_bars.y) == pytest.approx([970, 970])  # the worst rank, in MiB
+    assert list(peak_bars.text) == ["0.970", "0.970"]
+    assert list(peak_pred.error_y.array) == pytest.approx([0, 100])  # no target for JAX's peak; 10% for MLX
+    assert list(predicted[0].error_y.array) == pytest.approx([5, 5])
+
+
+def test_explorer_redraws_when_a_control_changes():
+    explorer = build_memory_explorer("gpt2", num_shards=(2, 8), seq_len=512)
+    want = estimate_breakdowns("gpt2", num_shards=(2, 4, 8), seq_len=512)
+    assert stacked_totals(explorer.figure) == pytest.approx([e.total_bytes / 1e9 for e in want])
+    assert explorer.status.value == breakdown_summary(want)
+    explorer.controls["optimizer"].value = "sgd"
+    assert "optimizer_state" not in bars(explorer.figure)  # SGD keeps no state: no bar at all
+    explorer.controls["seq_len"].value = 1024
+    explorer.controls["micro_batch_size"].value = 4
+    want = estimate_breakdowns("gpt2", num_shards=(2, 4, 8), optimizer="sgd", seq_len=1024, micro_batch_size=4)
+    assert stacked_totals(explorer.figure) == pytest.approx([e.total_bytes / 1e9 for e in want])
+    assert bars(explorer.figure)["activations"][0] == pytest.approx(want[0]["activations"] / 1e9)
+    explorer.controls["num_shards"].value = (16, 64)
+    assert list(explorer.figure.data[0].x[1]) == ["N=16", "N=32", "N=64"] * 5
+    explorer.controls["param_dtype"].value = "float32"
+    explorer.controls["master_dtype"].value = None
+    assert "master_weights" not in bars(explorer.figure)
+    explorer.controls["model"].value = "qwen3-4b"
+    assert explorer.estimates[0].num_params == get_preset("qwen3-4b").num_params
+    explorer.controls["seq_len"].value = 128
+    explorer.controls["micro_batch_size"].value = 1
+    explorer.controls["update_copies"].value = "parameters"  # the new tree now outweighs the activations
+    assert "updated_parameters" in bars(explorer.figure)
+    phases = {(e.strategy, e.peak_phase) for e in explorer.estimates}
+    assert ("ddp", "step") in phases and ("zero3", "backward") in phases  # ZeRO-3: the gathered embedding wins
+
+
+@pytest.mark.parametrize("call, knob", [
+    (lambda: estimate_breakdowns("gpt-5"), "model"),
+    (lambda: estimate_breakdowns("gpt2", num_shards=(0,)), "num_shards"),
+    (lambda: estimate_breakdowns("gpt2", ("zero4",)), "strategy"),
+    (lambda: estimate_breakdowns("gpt2", seq_len=-1), "seq_len"),
+    (lambda: estimate_breakdowns("gpt2", param_dtype="float7"), "param_dtype"),
+    (lambda: fig_memory_breakdown([]), "estimates"),
+    (lambda: fig_memory_breakdown([estimate_memory(10, "ddp")], unit="furlong"), "unit"),
+    (lambda: fig_memory_validation(validation_table().iloc[0:0]), "table"),
+    (lambda: build_memory_explorer("gpt2", num_shards=(3, 8)), "num_shards"),
+    (lambda: build_memory_explorer("gpt2", num_shards=(64, 8)), "num_shards"),
+    (lambda: build_memory_explorer("gpt2", master_dtype="bfloat16"), "master_dtype"),
+    (lambda: build_memory_explorer("nope"), "model"),
+])
+def test_bad_input_names_the_knob(call, knob):
+    with pytest.raises(ValueError, match=knob):
+        call()
+
+
+def test_units_are_bytes():
+    assert UNITS["GB"] == 10**9 and UNITS["GiB"] == 2**30 and math.log2(UNITS["MiB"]) == 20
