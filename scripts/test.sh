@@ -11,5 +11,14 @@ if ! command -v mpirun >/dev/null 2>&1; then
     echo "note: mpirun not found and Debian packages cannot be installed here; the MPI (HSDP) tests will be skipped"
   fi
 fi
+# Chromium (Debian's): the browser tests drive it through playwright (never `playwright install`, whose
+# browser download is not a package), and kaleido renders static figures with it.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: chromium not found and Debian packages cannot be installed here; the browser tests will be skipped"
+  fi
+fi
 python3 -m pip install -q -e ".[all,test]"
 python3 -m pytest "$@"

@@ -1,7 +1,12 @@
-"""Command line: ``python -m workbench build`` (the main job) and notebook upkeep.
+"""Command line: ``python -m workbench build`` (the main job), slide decks, and notebook upkeep.
 
-    python -m workbench build [--out build] [--small] [NOTEBOOK ...]
+    python -m workbench build [--out build] [--small] [--static] [NOTEBOOK ...]
+    python -m workbench slides [NOTEBOOK ...] [--out build/slides] [--static] [--no-execute] [--small]
     python -m workbench refresh [NOTEBOOK ...]   # re-execute in place for nbval
+
+``build`` writes every notebook's HTML to ``<out>/html`` and the design-review deck to
+``<out>/slides``. ``slides`` exports the deck (default) or any notebooks as offline reveal.js
+decks; ``--static`` adds each figure as PNG and SVG and the deck as PDF (needs Chromium).
 """
 
 from __future__ import annotations
@@ -11,13 +16,27 @@ import sys
 from pathlib import Path
 
 
+def _print_deck(r) -> None:
+    print(f"{r.notebook.name}: {r.seconds:.1f} s -> {r.html} ({r.num_figures} figures; deck with assets "
+          f"{r.deck_bytes / 2**20:.1f} MiB)" + "".join(f"\n  {p}" for p in r.static))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="execute the notebooks headless and write their HTML")
+    build = sub.add_parser("build", help="execute the notebooks headless and write their HTML, and the slide deck")
     build.add_argument("--out", type=Path, default=Path("build"), help="output folder (default: build)")
     build.add_argument("--small", action="store_true", help="small configuration (as in CI)")
+    build.add_argument("--static", action="store_true", help="also the deck's figures as PNG/SVG and the deck as PDF")
     build.add_argument("notebooks", nargs="*", type=Path)
+    slides = sub.add_parser("slides", help="export notebooks (default: the design-review deck) as offline reveal.js decks")
+    slides.add_argument("notebooks", nargs="*", type=Path)
+    slides.add_argument("--out", type=Path, default=Path("build") / "slides", help="output folder (default: build/slides)")
+    slides.add_argument("--static", action="store_true", help="also each figure as PNG/SVG and the deck as PDF")
+    slides.add_argument("--no-execute", dest="execute", action="store_false", help="use the stored outputs")
+    slides.add_argument("--small", action="store_true", help="execute in the small configuration (as in CI)")
+    slides.add_argument("--hide-code", action="store_true", help="show outputs only")
+    slides.add_argument("--theme", default="workbench", help="a vendored reveal.js theme (default: workbench)")
     refresh = sub.add_parser("refresh", help="re-execute notebooks in place, in the form nbval checks")
     refresh.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args(argv)
@@ -25,8 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     from . import nbtools
 
     if args.command == "build":
+        from .slides import DECK_NOTEBOOK, export_slides
+
         for r in nbtools.build_notebooks(args.out / "html", args.notebooks or None, small=args.small):
             print(f"{r.notebook.name}: {r.seconds:.1f} s -> {r.html} ({r.html_bytes / 2**20:.1f} MiB)")
+        if not args.notebooks or DECK_NOTEBOOK.resolve() in {p.resolve() for p in args.notebooks}:
+            _print_deck(export_slides(DECK_NOTEBOOK, args.out / "slides", small=args.small, static=args.static))
+        return 0
+    if args.command == "slides":
+        from .slides import DECK_NOTEBOOK, export_slides
+
+        for path in args.notebooks or [DECK_NOTEBOOK]:
+            _print_deck(export_slides(path, args.out, execute=args.execute, small=args.small, static=args.static,
+                                      theme=args.theme, hide_code=True if args.hide_code else None))
         return 0
     for path in args.notebooks or sorted(nbtools.NOTEBOOK_DIR.glob("[0-9]*.ipynb")):
         nbtools.refresh_notebook(path)

@@ -1,0 +1,61 @@
+"""Make the small committed run stores the design-review deck reads (``notebooks/reference_runs/``).
+
+The deck (``notebooks/00_design_review.ipynb``) must build from a clean clone without training
+(nbval runs it first, before notebook 04 could have stored anything under the git-ignored
+``runs/``), so it reads these: real training runs through :func:`workbench.training.run_training`
+on ipyparallel engines, two ranks each, identical weights and batches, as
+:data:`workbench.slides.REFERENCE_STORES` lists them (``convergence``: DDP, FSDP-row and FSDP-flat
+in MLX ring and JAX gloo, ZeRO-3 in JAX, 100 steps; ``memory``: notebook 03's validation runs).
+Each record holds the memory its ranks measured. Regenerate them after a change to the training step:
+
+    python3 scripts/make_reference_runs.py            # about 5 minutes on 2 cores
+    python3 -m workbench refresh notebooks/00_design_review.ipynb
+
+The stores are kept small (about 300 KB together), JSON only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from workbench.slides import REFERENCE_STORES, reference_runs_dir  # noqa: E402
+from workbench.training import RunSpec, run_training  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stores", nargs="*", default=list(REFERENCE_STORES), choices=list(REFERENCE_STORES),
+                        help="store names (default: all)")
+    parser.add_argument("--keep", action="store_true", help="keep runs already stored (default: start afresh)")
+    args = parser.parse_args(argv)
+    failed = []
+    for name in args.stores:
+        pairs, common = REFERENCE_STORES[name]
+        out = reference_runs_dir(name)
+        if out.exists() and not args.keep:
+            shutil.rmtree(out)
+        for framework, strategy in pairs:
+            spec = RunSpec(framework=framework, strategy=strategy, **common)
+            t0 = time.perf_counter()
+            outcome = run_training(spec, out)
+            print(f"{name}: {framework} {strategy}: {outcome.status} in {time.perf_counter() - t0:.1f} s"
+                  + (f" ({outcome.error})" if outcome.error else ""), flush=True)
+            if outcome.status not in ("done", "skipped"):
+                failed.append(f"{name}: {framework} {strategy}")
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        print(f"{out}: {size / 1024:.0f} KiB")
+    if failed:
+        print("failed:", ", ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

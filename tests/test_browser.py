@@ -1,0 +1,303 @@
+"""A real browser: Debian's Chromium, driven by playwright, with every request off the machine blocked.
+
+* The exported design-review deck: reveal.js starts from the vendored files, every slide's plotly
+  figure is drawn (SVG trace nodes, one per trace), nothing is fetched from anywhere but the deck's
+  folder, and screenshots of a few slides are saved under ``build/test-artifacts/browser/``
+  (``$WORKBENCH_TEST_ARTIFACTS`` to change it). Also its static exports (PNG, SVG, PDF), and a
+  deck whose saved widget state the vendored widget renderer draws offline.
+* A real JupyterLab server on 127.0.0.1: notebook 01 is opened, every cell run, the explorer's
+  ``communication_size`` slider moved with the keyboard, and the figure must redraw with another
+  number of buckets, with no error in the browser console.
+
+``scripts/test.sh`` installs Debian's ``chromium``; these tests skip only where no Chromium exists.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from workbench import MiB, plan_buckets, slides
+from workbench.presets import get_preset
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts" / "browser"))
+#: What the issue allows: the deck exported in at most 60 s on 2 cores, under 15 MB with its assets.
+EXPORT_LIMIT_S, DECK_LIMIT_BYTES = 60.0, 15_000_000
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    try:
+        return slides.find_chromium()
+    except FileNotFoundError as err:
+        pytest.skip(f"no Chromium to drive, and it could not be installed here ({err}); "
+                    "scripts/test.sh installs Debian's chromium where it runs as root with apt")
+
+
+@pytest.fixture
+def browser(chromium):
+    """A headless Chromium for one test (playwright's sync API allows one driver at a time)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = slides.launch_chromium(p)
+        yield browser
+        browser.close()
+
+
+class Watched:
+    """A page whose requests and console are recorded; requests to other hosts are aborted."""
+
+    def __init__(self, browser, allowed: tuple[str, ...], **page_kwargs):
+        self.page = browser.new_page(**page_kwargs)
+        self.requests, self.blocked, self.console = [], [], []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("console", lambda m: self.console.append((m.type, m.text)))
+        self.page.on("pageerror", lambda e: self.console.append(("pageerror", str(e))))
+        self.page.on("requestfailed", lambda r: self.console.append(("requestfailed", f"{r.url} {r.failure}")))
+
+        def route(r):
+            if r.request.url.startswith(allowed):
+                r.continue_()
+            else:
+                self.blocked.append(r.request.url)
+                r.abort()
+
+        self.page.route("**/*", route)
+
+    def errors(self):
+        return [c for c in self.console if c[0] in ("error", "pageerror", "requestfailed")]
+
+
+@pytest.fixture(scope="module")
+def deck(tmp_path_factory):
+    """The design-review deck exported as the README's command does (executing the notebook)."""
+    return slides.export_slides(slides.DECK_NOTEBOOK, tmp_path_factory.mktemp("slides"))
+
+
+def test_deck_export_is_fast_and_small(deck):
+    print(f"deck export {deck.seconds:.1f} s, deck with assets {deck.deck_bytes / 1e6:.2f} MB")
+    assert deck.seconds <= EXPORT_LIMIT_S
+    assert deck.deck_bytes < DECK_LIMIT_BYTES
+
+
+def open_deck(browser, html: Path) -> Watched:
+    w = Watched(browser, ("file:", "data:", "blob:"), viewport={"width": slides.SLIDE_WIDTH, "height": slides.SLIDE_HEIGHT})
+    w.page.goto(html.resolve().as_uri(), wait_until="load")
+    w.page.wait_for_function("window.workbenchDeck && window.workbenchDeck.ready && window.Reveal && Reveal.isReady()",
+                             timeout=30_000)
+    return w
+
+
+DRAWN = """gd => ({
+    svg: gd.querySelectorAll('svg.main-svg').length,
+    traces: (gd.data || []).length,
+    drawn: gd.querySelectorAll('.cartesianlayer g.trace, g.table').length,
+    marks: gd.querySelectorAll('g.trace path[d]:not([d=""]), g.table .cell-text').length,
+    width: gd.getBoundingClientRect().width,
+})"""
+
+
+def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    w = open_deck(browser, deck.html)
+    page = w.page
+    indices = page.evaluate("Reveal.getSlides().map(s => { const i = Reveal.getIndices(s); "
+                            "return [i.h, i.v || 0, s.querySelectorAll('.plotly-graph-div').length]; })")
+    assert len(indices) == page.evaluate("Reveal.getTotalSlides()") >= 10
+    assert sum(n for *_, n in indices) == page.evaluate("document.querySelectorAll('.plotly-graph-div').length")
+    assert sum(n for *_, n in indices) == deck.num_figures  # no figure is lost to a skipped cell
+    shots = {0, next(k for k, (*_, n) in enumerate(indices) if n), len(indices) - 1}
+    for k, (h, v, num_figures) in enumerate(indices):
+        page.evaluate(f"Reveal.slide({h}, {v})")
+        page.wait_for_function("window.workbenchDeck.ready", timeout=15_000)
+        figures = page.evaluate(f"Array.from(Reveal.getCurrentSlide().querySelectorAll('.plotly-graph-div')).map({DRAWN})")
+        assert len(figures) == num_figures
+        for fig in figures:
+            assert fig["svg"] >= 1 and fig["drawn"] == fig["traces"] >= 1 and fig["marks"] >= 1, (k, fig)
+            assert fig["width"] > 0.8 * slides.SLIDE_WIDTH, (k, fig)  # resized to the slide, not plotly's 700 px
+        if k in shots:
+            page.screenshot(path=str(ARTIFACTS / f"deck-slide-{k:02d}.png"))
+    assert page.evaluate("document.querySelectorAll('mjx-container svg').length") >= 1  # the formulas, offline
+    assert page.evaluate("window.workbenchDeck.errors") == []
+    assert w.blocked == [] and all(u.startswith(("file:", "data:", "blob:")) for u in w.requests), w.blocked
+    assert w.errors() == []
+    for k in shots:
+        assert (ARTIFACTS / f"deck-slide-{k:02d}.png").stat().st_size > 10_000
+
+
+def test_static_exports_png_svg_per_figure_and_a_pdf_page_per_slide(chromium, deck):
+    from playwright.sync_api import sync_playwright
+
+    t0 = time.perf_counter()
+    nb = nbformat.read(slides.DECK_NOTEBOOK, as_version=4)
+    figures = slides.figures_to_html(nb)
+    paths = slides.write_figures(figures, deck.html.parent / "figures", width=1000, scale=1)
+    pdf = slides.export_pdf(deck.html)
+    print(f"static exports: {time.perf_counter() - t0:.1f} s")
+    assert len(paths) == 2 * len(figures) == 2 * deck.num_figures
+    for png in paths[::2]:
+        head = png.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">I", head[16:20])[0] == 1000, png
+    for svg in paths[1::2]:
+        root = ET.parse(svg).getroot()
+        assert root.tag.endswith("svg") and len(list(root.iter())) > 50, svg
+    data = pdf.read_bytes()
+    pages = len(re.findall(rb"/Type\s*/Page[^s]", data))
+    with sync_playwright() as p:
+        browser = slides.launch_chromium(p)
+        total = open_deck(browser, deck.html).page.evaluate("Reveal.getTotalSlides()")
+        browser.close()
+    assert data.startswith(b"%PDF") and pages == total
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pdf, ARTIFACTS / pdf.name)
+
+
+def test_saved_widget_state_renders_offline_with_the_vendored_renderer(browser, tmp_path):
+    from test_slides import demo_notebook
+
+    result = slides.export_slides(demo_notebook(tmp_path / "widgets.ipynb"), tmp_path / "out")
+    w = open_deck(browser, result.html)
+    # The first figure's cell is skipped (plotly's own HTML would have carried plotly.js there):
+    # the next figure still draws.
+    w.page.evaluate("Reveal.slide(1)")
+    w.page.wait_for_function("window.workbenchDeck.ready", timeout=15_000)
+    (figure,) = w.page.evaluate(f"Array.from(Reveal.getCurrentSlide().querySelectorAll('.plotly-graph-div')).map({DRAWN})")
+    assert figure["svg"] >= 1 and figure["drawn"] == figure["traces"] == 1 and figure["marks"] >= 1, figure
+    w.page.evaluate("Reveal.slide(2)")
+    w.page.wait_for_selector(".widget-slider .widget-readout", timeout=30_000)
+    assert w.page.inner_text(".widget-slider .widget-readout").strip() == "3"
+    assert w.page.inner_text(".widget-slider .widget-label").strip() == "plain"
+    assert w.blocked == [] and w.errors() == []
+
+
+# --------------------------------------------------------------------------- JupyterLab
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(tmp_path, chromium):
+    """A JupyterLab server on 127.0.0.1 serving a copy of notebook 01 (nothing written to the repository)."""
+    root, home = tmp_path / "root", tmp_path / "home"
+    root.mkdir()
+    shutil.copyfile(ROOT / "notebooks" / "01_bucket_layouts.ipynb", root / "01_bucket_layouts.ipynb")
+    # Settings of a user who picked these: start the notebook's kernel without asking, fetch no news.
+    for plugin, values in {"notebook-extension/tracker": {"autoStartDefaultKernel": True},
+                           "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False}}.items():
+        path = home / "settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    port = free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
+    cmd = [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--IdentityProvider.token=",
+           "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+           "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}",
+           f"--LabApp.workspaces_dir={home / 'workspaces'}", f"--LabApp.user_settings_dir={home / 'settings'}",
+           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    log = open(home / "jupyterlab.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start:\n{(home / 'jupyterlab.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield url
+    finally:
+        try:  # a clean stop also shuts down the kernels it started
+            urllib.request.urlopen(urllib.request.Request(f"{url}/api/shutdown", method="POST"), timeout=10)
+            proc.wait(timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        log.close()
+
+
+def wait_for_kernel(page, url: str, timeout_s: float = 120) -> None:
+    """Until the server reports the notebook's kernel idle; should JupyterLab ask which kernel to
+    start, take the one the notebook names (the accept button)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dialog = page.locator(".jp-Dialog:has-text('Select Kernel') button.jp-mod-accept")
+        if dialog.count():
+            dialog.click()
+        sessions = json.load(urllib.request.urlopen(f"{url}/api/sessions", timeout=5))
+        if any(s["path"].endswith("01_bucket_layouts.ipynb") and s["kernel"]["execution_state"] == "idle"
+               for s in sessions):
+            return
+        page.wait_for_timeout(500)
+    raise TimeoutError(f"no idle kernel for notebook 01 after {timeout_s:.0f} s")
+
+
+def bucket_counts(page) -> tuple[int, int]:
+    """(buckets in the explorer's status line, buckets in the title of its first figure, as drawn in SVG)."""
+    explorer = page.locator(".widget-vbox:has(> .widget-hbox .widget-slider label:text-is('communication_size'))")
+    status = explorer.locator(".widget-html-content").filter(has_text=" buckets, ").first.inner_text()
+    title = explorer.locator(".js-plotly-plot .gtitle").first.text_content()
+    return int(re.search(r": (\d+) buckets, ", status).group(1)), int(re.search(r": (\d+) buckets = ", title).group(1))
+
+
+@pytest.fixture
+def lab_page(browser, jupyterlab):
+    """A watched page for the JupyterLab server; its last view is saved to the artifacts (pass or fail)."""
+    w = Watched(browser, (jupyterlab, "data:", "blob:"), viewport={"width": 1400, "height": 1000})
+    yield w
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    w.page.screenshot(path=str(ARTIFACTS / "jupyterlab-last.png"))
+
+
+def test_jupyterlab_runs_notebook_01_and_the_slider_redraws_the_figure(lab_page, jupyterlab):
+    w, page = lab_page, lab_page.page
+    page.goto(f"{jupyterlab}/lab/tree/01_bucket_layouts.ipynb")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    wait_for_kernel(page, jupyterlab)
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click("li[data-command='runmenu:run-all']")
+    slider = page.locator(".widget-slider:has(label:text-is('communication_size'))")
+    slider.wait_for(timeout=240_000)  # the explorer is the last output
+    wait_for_kernel(page, jupyterlab)
+    prompts = page.evaluate("Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
+                            ".map(e => e.textContent.trim())")
+    assert prompts and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), prompts  # every cell ran
+    stderr = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+    assert not any("Error" in text or "Traceback" in text for text in stderr), stderr
+    spec = get_preset("llama-3-8b")  # what notebook 01's explorer starts with: 32 MiB, then one step left
+    expected = [plan_buckets(spec, size).num_buckets for size in (32 * MiB, 16 * MiB)]
+    assert expected[0] != expected[1]
+    assert bucket_counts(page) == (expected[0], expected[0])
+    assert slider.locator(".widget-readout").inner_text() == "32 MiB"
+    slider.locator(".noUi-handle").focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(
+        f"""() => Array.from(document.querySelectorAll('.js-plotly-plot .gtitle'))
+                  .some(t => / {expected[1]} buckets = /.test(t.textContent))""", timeout=60_000)
+    assert slider.locator(".widget-readout").inner_text() == "16 MiB"
+    assert bucket_counts(page) == (expected[1], expected[1])  # the status line and the drawn figure agree
+    slider.scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "jupyterlab-explorer.png"))
+    assert w.errors() == [], w.errors()
+    assert w.blocked == [], w.blocked

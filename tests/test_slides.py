@@ -1,0 +1,252 @@
+"""The design-review deck: its content functions, its reference runs, and the offline slide export.
+
+The real browser (reveal.js starting offline, every figure drawn, static PNG/SVG/PDF) is in
+tests/test_browser.py; here the export is checked as files.
+"""
+
+import json
+import re
+
+import nbformat
+import plotly.graph_objects as go
+import pytest
+
+from workbench import slides
+from workbench.__main__ import main
+from workbench.runs_view import summarize_runs
+from workbench.runstore import load_runs
+
+PLOTLY_BANNER = re.compile(r"\* plotly\.js v\d+\.\d+\.\d+")
+
+
+def deck_cells():
+    return nbformat.read(slides.DECK_NOTEBOOK, as_version=4).cells
+
+
+def demo_notebook(path, *, with_widgets=True):
+    """A small notebook: math, a figure in a skipped cell, a figure on a slide, two kinds of widget."""
+    cells = [
+        nbformat.v4.new_markdown_cell("# Demo\n\nEntropy rate $-\\sum_i \\pi_i \\sum_j P_{ij} \\log P_{ij}$."),
+        nbformat.v4.new_code_cell("from workbench.notebook import setup\nsettings = setup()\n"
+                                  "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2], y=[3, 4]))",
+                                  metadata={"slideshow": {"slide_type": "skip"}}),
+        nbformat.v4.new_markdown_cell("## A figure", metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_code_cell("go.Figure(go.Scatter(x=[1, 2, 3], y=[5, 6, 4], name='second'))"),
+    ]
+    if with_widgets:
+        cells += [
+            nbformat.v4.new_markdown_cell("## Widgets", metadata={"slideshow": {"slide_type": "slide"}}),
+            nbformat.v4.new_code_cell("import ipywidgets\nipywidgets.IntSlider(3, description='plain')"),
+            nbformat.v4.new_code_cell("go.FigureWidget(go.Bar(x=[1], y=[2]))"),
+        ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_deck(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("demo")
+    return slides.export_slides(demo_notebook(folder / "demo.ipynb"), folder / "out")
+
+
+# --------------------------------------------------------------------------- vendored assets
+
+
+def test_vendored_files_match_their_manifest_and_pinned_versions():
+    manifest = slides.vendor_manifest()
+    pins = json.loads((slides.VENDOR_DIR / "package.json").read_text())["dependencies"]
+    for path, entry in manifest.items():
+        assert slides.sha256_file(slides.VENDOR_DIR / path) == entry["sha256"], f"{path} differs from MANIFEST.json"
+        name, _, version = entry["package"].rpartition("@")
+        assert entry["package"] == "fsdp-workbench" or pins[name] == version, path
+    assert {e["package"].rpartition("@")[0] for e in manifest.values()} - {""} == set(pins)
+    for asset in slides._CORE_ASSETS + slides._WIDGET_ASSETS:
+        assert asset in manifest
+    assert pins["reveal.js"].startswith("4.")  # nbconvert's reveal template expects reveal.js 4's layout
+    assert sum((slides.VENDOR_DIR / p).stat().st_size for p in manifest) < 8 * 2**20
+
+
+def test_theme_loads_no_fonts_and_unknown_themes_are_refused():
+    slides._check_theme("workbench")
+    css = (slides.VENDOR_DIR / "reveal.js/dist/theme/workbench.css").read_text()
+    assert "@import" not in css and "@font-face" not in css and "url(" not in css
+    for bad in ("white", "../../jquery/dist/jquery.min", ""):
+        with pytest.raises(ValueError, match="Unknown slide theme"):
+            slides._check_theme(bad)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def test_export_embeds_plotlyjs_once_in_the_head_and_loads_nothing_remote(demo_deck):
+    page = demo_deck.html.read_text()
+    head, body = page.split("</head>", 1)
+    assert len(PLOTLY_BANNER.findall(page)) == 1 and PLOTLY_BANNER.search(head)
+    assert head.index("plotly.js v") < head.index("requirejs/require.js")  # before require.js: window.Plotly
+    # The figure in a skipped cell is not on a slide; the other still draws (plotly.js is not in a cell).
+    assert demo_deck.num_figures == 2
+    assert body.count("Plotly.newPlot(") == 1 and 'id="figure-3-0"' in body
+    assert slides.remote_loads(page) == []
+    for url in ("assets/reveal.js/dist/reveal.js", "assets/requirejs/require.js", "assets/jquery/dist/jquery.min.js",
+                "assets/mathjax/es5/tex-svg-full.js", "assets/reveal.js/dist/theme/workbench.css"):
+        assert url in page
+
+
+def test_export_keeps_widgets_the_vendored_renderer_draws_and_drops_the_others(demo_deck):
+    page = demo_deck.html.read_text()
+    state = json.loads(re.search(r'<script type="application/vnd.jupyter.widget-state\+json">\s*(.*?)\s*</script>',
+                                 page, re.S).group(1))["state"]
+    modules = {m["model_module"] for m in state.values()}
+    assert modules <= set(slides.BUILTIN_WIDGET_MODULES)  # no anywidget: its JS would come from a CDN
+    assert any(m["model_name"] == "IntSliderModel" for m in state.values())
+    assert slides.LIVE_WIDGET_NOTE in page  # where the FigureWidget was
+    assert "assets/@jupyter-widgets/html-manager/dist/embed-amd.js" in page
+
+
+def test_export_copies_exactly_the_assets_it_references(demo_deck):
+    out = demo_deck.html.parent
+    files = {p.relative_to(out / "assets").as_posix() for p in (out / "assets").rglob("*") if p.is_file()}
+    licences = {p for p in slides.vendor_manifest() if p.startswith("LICENSES/")}
+    assert files == set(slides._CORE_ASSETS + slides._WIDGET_ASSETS) | licences | {"reveal.js/dist/theme/workbench.css"}
+    assert demo_deck.deck_bytes == demo_deck.html.stat().st_size + sum(
+        p.stat().st_size for p in (out / "assets").rglob("*") if p.is_file())
+
+
+def test_export_without_widgets_copies_no_widget_renderer(tmp_path):
+    nb = demo_notebook(tmp_path / "plain.ipynb", with_widgets=False)
+    main(["slides", str(nb), "--out", str(tmp_path / "out")])  # the command line, executing the notebook
+    page = (tmp_path / "out" / "plain.slides.html").read_text()
+    assert "widget-state+json" not in page and not (tmp_path / "out/assets/@jupyter-widgets").exists()
+
+
+def test_an_output_that_loads_from_a_cdn_is_refused_naming_the_notebook(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fig", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/html": '<script src="https://cdn.plot.ly/plotly-3.0.1.min.js"></script>'})])])
+    nbformat.write(nb, tmp_path / "cdn.ipynb")
+    with pytest.raises(ValueError, match=r"cdn\.ipynb: the deck would load from the network.*cdn\.plot\.ly"):
+        slides.export_slides(tmp_path / "cdn.ipynb", tmp_path / "out", execute=False)
+
+
+def test_bad_arguments_raise_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No notebook .*missing.ipynb"):
+        slides.export_slides(tmp_path / "missing.ipynb", tmp_path / "out")
+    with pytest.raises(ValueError, match="Unknown slide theme 'black'; vendored themes: workbench"):
+        slides.export_slides(slides.DECK_NOTEBOOK, tmp_path / "out", execute=False, theme="black")
+
+
+def test_find_chromium_names_a_bad_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBENCH_CHROMIUM", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="WORKBENCH_CHROMIUM=.*nope.* is not an executable"):
+        slides.find_chromium()
+
+
+def test_remote_loads_flags_fetching_tags_and_imports_only():
+    page = ('<script>var u = "https://cdn.example/x.js";</script><a href="https://example.org">a link</a>'
+            '<link rel="stylesheet" href="//fonts.example/css"><img src="http://example.org/i.png">'
+            '<style>@import url(https://fonts.googleapis.com/css?family=Lato);</style><script src="assets/a.js"></script>')
+    found = slides.remote_loads(page)
+    assert len(found) == 3 and all(("fonts" in f or "i.png" in f) for f in found)
+
+
+def test_auto_slides_starts_a_slide_at_each_heading_only_without_slide_metadata():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("1"),
+                                         nbformat.v4.new_markdown_cell("text"), nbformat.v4.new_markdown_cell("## Part")])
+    assert slides.auto_slides(nb)
+    assert [c.metadata.get("slideshow", {}).get("slide_type") for c in nb.cells] == ["slide", None, None, "slide"]
+    assert not slides.auto_slides(nb)  # has slide metadata now: left alone
+
+
+# --------------------------------------------------------------------------- the deck's content
+
+
+def test_step_time_table_reproduces_pr3130_overheads():
+    t = slides.step_time_table()
+    assert list(t.index) == ["0.3B", "2.7B", "5.4B"]
+    assert t.loc["2.7B", "fsdp_overhead_pct"] == 3.7 and t.loc["2.7B", "fsdp_bf16_overhead_pct"] == 13.1
+    assert t.loc["0.3B", "fsdp_overhead_pct"] == -0.3 and t.loc["5.4B", "fsdp_bf16_overhead_pct"] == 4.1
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_runs(slides.reference_runs_dir("convergence"))
+
+
+@pytest.fixture(scope="module")
+def validation():
+    from workbench.validation import memory_validation
+
+    return memory_validation(load_runs(slides.reference_runs_dir("memory")))
+
+
+@pytest.mark.parametrize("name", list(slides.REFERENCE_STORES))
+def test_reference_runs_are_small_complete_and_made_with_the_declared_spec(name):
+    store = slides.reference_runs_dir(name)
+    loaded = load_runs(store)
+    pairs, common = slides.REFERENCE_STORES[name]
+    assert sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) < 300 * 1024
+    assert loaded.problems == [] and (loaded.runs.status == "done").all()
+    assert sorted(zip(loaded.runs["spec.framework"], loaded.runs["spec.strategy"])) == sorted(pairs)
+    for key, value in common.items():
+        if key == "model":
+            for k, v in value.items():
+                assert (loaded.runs[f"spec.model.{k}"] == v).all(), k
+        else:
+            assert (loaded.runs[f"spec.{key}"] == value).all(), key
+    assert (loaded.steps.groupby("run_id").step.nunique() == common["steps"]).all()
+    with pytest.raises(ValueError, match="Unknown reference run store 'runs'; known: convergence, memory"):
+        slides.reference_runs_dir("runs")
+
+
+def test_reference_runs_fsdp_trains_exactly_like_ddp(reference):
+    summary = summarize_runs(reference)
+    assert len(summary) == len(slides.REFERENCE_STORES["convergence"][0])
+    assert (summary.max_abs_loss_diff_to_ddp < 1e-5).all()
+
+
+def test_reference_memory_runs_hold_half_the_optimizer_state_and_meet_the_model(validation):
+    mlx = validation[validation.framework == "mlx"]
+    state = mlx[mlx.component == "optimizer_state"].groupby("strategy").measured_bytes.max()
+    assert set(state.index) == {"ddp", "fsdp-row", "fsdp-flat"}
+    for fsdp in ("fsdp-row", "fsdp-flat"):  # 2 ranks: each holds half of AdamW's m and v
+        assert state[fsdp] / state["ddp"] == pytest.approx(0.5, abs=0.01)
+    # What the deck shows as the memory model against measurement: every MLX row within its target.
+    assert len(mlx) == 3 * 2 * 3 and mlx.within.all(), mlx[~mlx.within.astype(bool)]
+
+
+def test_key_numbers_are_computed_from_their_sources(validation):
+    from workbench.memory import explain_qwen_3_7b
+
+    gap = explain_qwen_3_7b()
+    numbers = slides.key_numbers(gap, validation)
+    assert numbers["Qwen 3.7B, 8 GPUs: DDP - FSDP peak, measured (GB)"] == 27.7
+    assert numbers["Qwen 3.7B, 8 GPUs: DDP - FSDP, modelled (GB)"] == round(gap.predicted_difference_bytes / 1e9, 1)
+    assert numbers["PR #3130: FSDP step-time overhead over DDP, bf16, worst (%)"] == 13.1
+    assert numbers["reference runs, 2 ranks: FSDP optimizer state / DDP's, measured"] == pytest.approx(0.5, abs=0.01)
+    mlx = validation[validation.framework == "mlx"]
+    assert numbers["reference runs, MLX: worst |measured / modelled - 1|, peak (%)"] == round(
+        100 * float((mlx[mlx.component == "peak"].ratio - 1).abs().max()), 1)
+    with pytest.raises(ValueError, match="needs MLX ddp and fsdp runs"):
+        slides.key_numbers(gap, validation[validation.strategy != "ddp"])
+
+
+def test_step_time_figure_is_valid_and_labels_the_overheads():
+    fig = slides.fig_step_time_table()
+    go.Figure(fig.to_dict())  # validates every property
+    fsdp = next(t for t in fig.data if t.name == "FSDP bf16")
+    assert list(fsdp.text) == ["-2.9%", "+13.1%", "+4.1%"]
+
+
+def test_deck_notebook_is_thin_reads_stored_runs_and_has_slide_metadata():
+    cells = deck_cells()
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    assert 'reference_runs_dir("convergence")' in code and 'reference_runs_dir("memory")' in code
+    assert not re.search(r"run_training|run_sweep|start_engines", code)  # reads runs, never launches them
+    assert not re.search(r"^\s*(def|class) ", code, re.M)  # logic lives in the package
+    assert all("slide_type" in c.metadata.get("slideshow", {}) for c in cells)
+    assert cells[0].metadata.slideshow.slide_type == "slide" and cells[0].source.startswith("# ")
+    assert nbformat.read(slides.DECK_NOTEBOOK, as_version=4).metadata["workbench"]["hide_code"] is True
+    figure_cells = [c for c in cells if c.cell_type == "code" and any(
+        slides.PLOTLY_MIME in o.get("data", {}) for o in c.outputs)]
+    assert len(figure_cells) >= 10 and all(c.metadata.slideshow.slide_type != "skip" for c in figure_cells)
