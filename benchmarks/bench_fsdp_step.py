@@ -11,12 +11,11 @@ over DDP's = 1/N.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
-from workbench.launch import plan_launch, run_local
+from workbench.launch import plan_launch, run_worker
 
 PR_TABLE = """MLX PR #3130 (8 B200 GPUs, NCCL), step time in ms:
 | params | comm size | DDP   | FSDP  | DDP bf16 | FSDP bf16 |
@@ -33,10 +32,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        run_local(plan_launch(args.ranks), ["-m", "workbench.mlx_step_bench", "--out", str(out), "--steps", str(args.steps),
-                                            "--hidden", str(args.hidden), "--layers", str(args.layers)], timeout_s=1800)
-        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.ranks)]
+        ranks = run_worker(plan_launch(args.ranks), "workbench.mlx_step_bench", Path(tmp), "--steps", str(args.steps),
+                           "--hidden", str(args.hidden), "--layers", str(args.layers), timeout_s=1800)
     r0 = ranks[0]
     print(f"MLX ring backend, {args.ranks} ranks, {r0['num_params'] / 1e6:.1f}M parameters (fp32, AdamW), "
           f"communication_size 32 MiB, {args.steps} interleaved steps (first 2 dropped as warm-up)")

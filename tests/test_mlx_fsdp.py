@@ -1,6 +1,5 @@
 """The MLX FSDP step equals DDP: on real processes (ring backend, 2 and 4 ranks) and in one process."""
 
-import json
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,7 +11,7 @@ from mlx.utils import tree_flatten
 from workbench import plan_buckets, plan_shards
 from workbench.adapters.mlx import spec_from_mlx
 from workbench.adapters.mlx_fsdp import fsdp_apply_gradients, optimizer_state_bytes
-from workbench.launch import LaunchError, plan_launch, run_local
+from workbench.launch import LaunchError, plan_launch, run_local, run_worker
 
 # fp32: the issue's 1e-6 relative (the ring sums in another order than MLX's all_sum, ~1e-7 apart).
 # bf16: 2 ulps (eps = 2**-7): the ring adds in bf16 hop by hop, MLX's all_sum in its own order.
@@ -23,10 +22,8 @@ RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
 def ring_run(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"mlx{n}")
-    run_local(plan_launch(n, framework="mlx", backend="ring"), ["-m", "workbench.mlx_worker", "--out", str(out)],
-              timeout_s=240, workdir=out / "logs")
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
-    return n, ranks
+    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.mlx_worker", out,
+                         timeout_s=240, workdir=out / "logs")
 
 
 def ok_results(ranks):

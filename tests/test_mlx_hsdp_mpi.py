@@ -1,12 +1,11 @@
 """HSDP in MLX on real processes: the MPI backend splits groups (ring cannot), 2 shards x 2 replicas."""
 
-import json
 import shutil
 
 import numpy as np
 import pytest
 
-from workbench.launch import plan_launch, run_local
+from workbench.launch import plan_launch, run_worker
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpirun") is None,
@@ -18,9 +17,8 @@ RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
 @pytest.fixture(scope="module")
 def mpi_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mpi")
-    run_local(plan_launch(4, framework="mlx", backend="mpi"),
-              ["-m", "workbench.mlx_worker", "--out", str(out), "--hsdp", "2"], timeout_s=300, workdir=out / "logs")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    return run_worker(plan_launch(4, framework="mlx", backend="mpi"), "workbench.mlx_worker", out, "--hsdp", "2",
+                      timeout_s=300, workdir=out / "logs")
 
 
 def test_hsdp_equals_ddp_on_four_mpi_ranks(mpi_run):

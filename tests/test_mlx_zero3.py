@@ -1,6 +1,5 @@
 """Full sharding (ZeRO-3) and gradient accumulation in MLX, on real processes (ring backend, 2 and 4 ranks)."""
 
-import json
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -13,7 +12,7 @@ from workbench.adapters.mlx import spec_from_mlx
 from workbench.adapters.mlx_accum import make_trainer, make_zero3_trainer, split_microbatches
 from workbench.adapters.mlx_zero3 import shard_model
 from workbench.buckets import plan_buckets
-from workbench.launch import plan_launch, run_local
+from workbench.launch import plan_launch, run_worker
 from workbench.memory import estimate_activation_bytes, estimate_memory
 from workbench.mlx_zero3_worker import (CUSTOM_UNITS, FSDP_BUCKET_BYTES, GLOBAL_BATCH, LARGE, NUM_MICROBATCHES, SMALL,
                                         batch, build)
@@ -33,9 +32,8 @@ RTOL_SGD = 1e-6
 def ring_run(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"zero3-{n}")
-    run_local(plan_launch(n, framework="mlx", backend="ring"), ["-m", "workbench.mlx_zero3_worker", "--out", str(out)],
-              timeout_s=300, workdir=out / "logs")
-    return n, [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.mlx_zero3_worker", out,
+                         timeout_s=300, workdir=out / "logs")
 
 
 def assert_params_close(got: dict, want: dict, rtol: float):

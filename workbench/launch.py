@@ -152,6 +152,19 @@ def mpirun_command(plan: LaunchPlan, argv: list[str]) -> list[str]:
             sys.executable, *argv]
 
 
+def run_worker(plan: LaunchPlan, module: str, out: Path, *args: str, timeout_s: float = 120.0,
+               workdir: Path | None = None) -> list[dict]:
+    """Run ``python -m module --out OUT *args`` on every rank (:func:`run_local`) and return what each
+    rank wrote to ``OUT/rank{r}.json``, in rank order (the workers' convention: plain JSON, no arrays).
+
+    Raises:
+        LaunchError: as :func:`run_local`.
+    """
+    out = Path(out)
+    run_local(plan, ["-m", module, "--out", str(out), *args], timeout_s=timeout_s, workdir=workdir)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(plan.num_ranks)]
+
+
 def run_local(plan: LaunchPlan, argv: list[str], *, timeout_s: float = 120.0, workdir: Path | None = None) -> list[RankResult]:
     """Run ``python argv...`` once per rank of ``plan`` on this machine and wait for all.
 
