@@ -16,12 +16,7 @@ import tempfile
 from pathlib import Path
 
 from workbench.launch import plan_launch, run_worker
-
-PR_TABLE = """MLX PR #3130 (8 B200 GPUs, NCCL), step time in ms:
-| params | comm size | DDP   | FSDP  | DDP bf16 | FSDP bf16 |
-| 0.3B   | 16 MiB    | 6.96  | 6.94  | 5.54     | 5.38      |
-| 2.7B   | 32 MiB    | 33.54 | 34.79 | 24.65    | 27.89     |
-| 5.4B   | 16 MiB    | 63.07 | 65.23 | 45.59    | 47.44     |"""
+from workbench.slides import step_time_table
 
 
 def main() -> None:
@@ -49,7 +44,8 @@ def main() -> None:
               f"{state / r0['optimizer_state_bytes']['ddp']:>8.3f}")
     print(f"peak memory per rank (every strategy resident at once): {max(r['peak_memory_bytes'] for r in ranks) / 2**20:.0f} MiB")
     print()
-    print(PR_TABLE)
+    print("MLX PR #3130 (8 B200 GPUs, NCCL), step time in ms:")
+    print(step_time_table().to_string())
 
 
 if __name__ == "__main__":

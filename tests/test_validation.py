@@ -5,11 +5,9 @@ import pytest
 from workbench.memory import PHASES
 from workbench.runstore import load_runs
 from workbench.training import RunSpec, run_training
-from workbench.validation import (COMPONENT_TOLERANCE, PEAK_TOLERANCE, estimate_run_memory, memory_validation,
-                                  memory_validation_summary, spec_from_row)
+from workbench.validation import (COMPONENT_TOLERANCE, PEAK_TOLERANCE, VALIDATION_MODEL, estimate_run_memory,
+                                  memory_validation, memory_validation_summary, spec_from_row)
 
-# Model states dominate (13.7 MB of fp32 parameters, 4 sequences per rank), as in a real FSDP run.
-VALIDATION_MODEL = dict(vocab_size=512, seq_len=32, dim=256, num_layers=4, num_heads=4, mlp_dim=1024)
 
 
 def spec(framework, strategy, **kw):

@@ -42,6 +42,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .figures import TEMPLATE
+from .validation import VALIDATION_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR_DIR = ROOT / "vendor" / "slides"
@@ -97,7 +98,7 @@ REFERENCE_STORES = {
     "memory": (
         (("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"), ("jax", "ddp"), ("jax", "fsdp-full")),
         dict(num_ranks=2, steps=3, global_batch=8, communication_size=2**20,
-             model=dict(vocab_size=512, seq_len=32, dim=256, num_layers=4, num_heads=4, mlp_dim=1024)),
+             model=VALIDATION_MODEL),
     ),
 }
 
