@@ -19,12 +19,15 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .comm import AlphaBeta, bus_factor, fit_alpha_beta, ring_steps
 from .engines import EngineFailure, start_engines
 from .launch import plan_launch
 from .runstore import RunStore, run_id_for
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 #: nccl-tests' usual sweep, 1 KiB to 256 MiB by factors of 2.
@@ -98,7 +101,6 @@ def _bench_jax(spec: dict) -> dict:
 
     rank, n = init_distributed()
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
