@@ -246,16 +246,14 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
             state("optimizer_state", ob, so, f"{optimizer} state"),
             state("fp32_gradients", ab, so, "accumulated gradients")]
 
-    copies = UPDATE_COPIES.index(update_copies)
-    none = MemoryComponent("", 0)
+    copies = UPDATE_COPIES.index(update_copies)  # 0 none, 1 parameters, 2 parameters and state
     rows_step = [
-        state("reduced_gradients", gb, False, "averaged gradients beside the local ones")
-        if copies and strategy == "ddp" else none,
-        state("updated_parameters", pb, sp, "new parameters beside the old") if copies else none,
-        state("updated_optimizer_state", mb + ob + ab, so, "new master weights and optimizer state beside the old")
-        if copies == 2 else none,
+        state("reduced_gradients", gb if copies and strategy == "ddp" else 0, False,
+              "averaged gradients beside the local ones"),
+        state("updated_parameters", pb if copies else 0, sp, "new parameters beside the old"),
+        state("updated_optimizer_state", mb + ob + ab if copies == 2 else 0, so,
+              "new master weights and optimizer state beside the old"),
     ]
-    rows_step = [MemoryComponent(name, c.rank_bytes, c.formula) for name, c in zip(PHASES["step"], rows_step)]
 
     ar = rs = ag = 0
     if bucket_plan is not None:
