@@ -15,6 +15,11 @@ jitted ``shard_map`` step per strategy does the rest:
 * ``fsdp-full`` -- ZeRO-3, :func:`~workbench.adapters.jax_zero3.make_zero3_step` over the
   unit chain of :func:`lm_units` (embedding, each block, final norm + head).
 
+With ``spec.num_microbatches`` = G > 1 every step accumulates gradients over G
+micro-batches of each rank's rows, synchronised once (``spec.defer_sync``) or every
+micro-batch (:mod:`workbench.adapters.jax_accum`); rows and the summary count the
+collectives that implies.
+
 Loss scope: the JAX steps return the *global* mean loss (every rank records the same
 value), whereas MLX rows hold each rank's local-slice mean. JAX rows therefore carry
 ``"loss_scope": "global"`` (MLX rows have no such key: local). With equal slices the mean
@@ -153,17 +158,21 @@ def train_jax(spec, handle) -> dict:
     """One rank of a JAX run of ``spec`` (a :class:`~workbench.training.RunSpec`), appending to ``handle``.
 
     Every step appends ``{"step", "rank", "loss", "loss_scope": "global", "grad_norm",
-    "step_time_s", "peak_rss_bytes"}``: ``loss`` is the *global* mean loss of the step
-    (the same on every rank; MLX records each rank's local mean, see the module
-    docstring), ``grad_norm`` the norm of the averaged gradient before clipping,
+    "step_time_s", "peak_rss_bytes", "num_collectives"}``: ``loss`` is the *global* mean
+    loss of the step (over ranks and micro-batches; the same on every rank; MLX records
+    each rank's local mean, see the module docstring), ``grad_norm`` the norm of the
+    averaged gradient before clipping, ``num_collectives`` the gradient-path collectives
+    the step issued (G times the buckets' with per-micro-batch sync),
     ``step_time_s`` the wall time of the step until its results are ready (step 0
     excludes compilation, done up front), ``peak_rss_bytes`` the process's peak RSS.
 
     Returns:
         ``{"rank", "backend", "collective_path" ("psum_scatter" for FSDP and ZeRO-3,
-        "psum" for DDP, "none" on one rank), "num_collectives", "peak_rss_bytes",
-        "versions"}`` and, when XLA reports it, ``"compiled_memory"`` (the compiled
-        step's ``memory_analysis()`` in bytes).
+        "psum" for DDP, "none" on one rank), "num_collectives", "collectives" (the same
+        per step by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``, as the step asks
+        for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
+        combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions"}`` and, when XLA reports it, ``"compiled_memory"``
+        (the compiled step's ``memory_analysis()`` in bytes).
     """
     rank, size = init_distributed()
 
@@ -172,6 +181,7 @@ def train_jax(spec, handle) -> dict:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from .adapters.jax_accum import compiled_program_counts
     from .adapters.jax_fsdp import make_ddp_step, make_fsdp_step
     from .adapters.jax_zero3 import make_zero3_step
     from .data import make_markov_chain, sample_batch
@@ -192,18 +202,19 @@ def train_jax(spec, handle) -> dict:
     if spec.precision == "bfloat16":
         params = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
     opt = make_optimizer(spec)
+    accum = dict(num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
     if spec.strategy == "fsdp-full":
         apply_units, unit_loss, unit_paths = lm_units(cfg)
         units = to_global([{k: params[k] for k in paths} for paths in unit_paths], replicated)
-        step = make_zero3_step(apply_units, unit_loss, units, opt, mesh, max_norm=spec.max_norm)
+        step = make_zero3_step(apply_units, unit_loss, units, opt, mesh, max_norm=spec.max_norm, **accum)
         p, state = step.init(units)
     else:
         p = to_global(params, replicated)
         if spec.strategy == "ddp":
-            step = make_ddp_step(make_loss_fn(cfg), p, opt, mesh, max_norm=spec.max_norm)
+            step = make_ddp_step(make_loss_fn(cfg), p, opt, mesh, max_norm=spec.max_norm, **accum)
         else:
             step = make_fsdp_step(make_loss_fn(cfg), p, opt, mesh, layout=spec.strategy.split("-")[1],
-                                  max_norm=spec.max_norm, communication_size=spec.communication_size)
+                                  max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
         state = step.init(p)
     chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
 
@@ -217,7 +228,9 @@ def train_jax(spec, handle) -> dict:
         raise RuntimeError(f"rank {rank} holds batch rows {held}, not its rank_slice "
                            f"[{rank * per_rank}, {(rank + 1) * per_rank}); the mesh is not ordered by process.")
     lowered = step.lower(p, state, global_batch(0))
-    compiled_memory = _memory_stats(lowered.compile())  # compiles before step 0; a compile error surfaces here
+    compiled = lowered.compile()  # compiles before step 0; a compile error surfaces here
+    compiled_memory = _memory_stats(compiled)
+    compiled_collectives = compiled_program_counts(compiled.as_text())
     path = observed_collective_path(lowered.as_text(), size)
     for i in range(spec.steps):
         batch = global_batch(i)
@@ -229,6 +242,7 @@ def train_jax(spec, handle) -> dict:
             "step": i, "rank": rank, "loss": float(np.asarray(metrics["loss"].addressable_data(0))),
             "loss_scope": "global", "grad_norm": float(np.asarray(metrics["grad_norm"].addressable_data(0))),
             "step_time_s": elapsed, "peak_rss_bytes": peak_rss_bytes(),
+            "num_collectives": int(metrics["num_collectives"]),
         }])
     def device_bytes(tree) -> int:  # this process's one device: its shard of every array
         return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
@@ -240,7 +254,9 @@ def train_jax(spec, handle) -> dict:
         measured["peak_source"] = "XLA memory_analysis: arguments + outputs + temporaries - aliased"
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"), "collective_path": path,
                "measured_memory": measured,
-               "num_collectives": int(step.num_collectives), "peak_rss_bytes": peak_rss_bytes(),
+               "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
+               "compiled_collectives": compiled_collectives,
+               "peak_rss_bytes": peak_rss_bytes(),
                "versions": _versions()}
     if compiled_memory is not None:
         summary["compiled_memory"] = compiled_memory

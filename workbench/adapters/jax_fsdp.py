@@ -9,6 +9,10 @@
   ``dp_axis`` adds HSDP: shards are also summed over the replica axis (MLX #3194).
 * :func:`make_ddp_step` -- the reference: gradients ``pmean``-ed, full update.
 
+Both take ``num_microbatches`` (G) and ``defer_sync``: gradient accumulation over G
+micro-batches per step, synchronised every micro-batch or once
+(:mod:`workbench.adapters.jax_accum`).
+
 ZeRO-3 (parameters sharded at rest too) lives in :mod:`workbench.adapters.jax_zero3`,
 built on this module's bucket packing, checks and clipping.
 
@@ -32,6 +36,7 @@ from ..buckets import plan_buckets
 from ..shards import ShardPlan, plan_shards
 from ..specs import ModelSpec
 from .jax import spec_from_jax
+from .jax_accum import accumulate, check_accum, check_batch, counts, split_local
 
 if hasattr(jax, "shard_map"):
     _shard_map, _CHECK = jax.shard_map, "check_vma"
@@ -130,6 +135,19 @@ class _StepBase:
     spec: ModelSpec
     treedef: Any
     num_data: int
+    num_microbatches: int = 1
+    defer_sync: bool = True
+    collective_counts: dict[str, int]
+
+    @property
+    def num_collectives(self) -> int:
+        """Gradient-path collectives per step: the sum of :attr:`collective_counts`."""
+        return sum(self.collective_counts.values())
+
+    @property
+    def num_syncs(self) -> int:
+        """Gradient synchronisations per step: G with per-micro-batch sync, else 1."""
+        return self.num_microbatches if not self.defer_sync else 1
 
     def _check_params(self, params: Any, what: str = "params") -> None:
         leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -141,10 +159,7 @@ class _StepBase:
                                  f"the plan expects {p.dtype}{p.shape}.")
 
     def _check_batch(self, batch: Any) -> None:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
-            if not np.ndim(leaf) or np.shape(leaf)[0] % self.num_data:
-                raise ValueError(f"Batch leaf {jax.tree_util.keystr(path) or 'batch'} has shape {np.shape(leaf)}: "
-                                 f"axis 0 must be divisible by the {self.num_data} data-parallel ranks.")
+        check_batch(batch, self.num_data, self.num_microbatches)
 
     def lower(self, *args: Any) -> jax.stages.Lowered:
         """The lowered step for these arguments: ``.as_text()`` shows every collective,
@@ -158,11 +173,13 @@ class _StepBase:
         return self._init(params)
 
     def step(self, params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict]:
-        """One step on the global batch (axis 0 split over all data-parallel ranks).
+        """One step on the global batch (axis 0 split over all data-parallel ranks, then each
+        rank's rows into G consecutive micro-batches).
 
         Returns:
             ``(params, opt_state, metrics)``: params replicated ``P()``; metrics ``loss``
-            (global mean), ``grad_norm`` (of the averaged gradient, before clipping) and
+            (global mean, over ranks and micro-batches), ``grad_norm`` (of the averaged
+            gradient, before clipping) and
             ``num_collectives`` (int). Debug options add FSDP's ``grad_shards`` (per bucket
             the (N*c,) averaged gradient, device r holding [r*c, (r+1)*c)) or DDP's ``grads``.
         """
@@ -183,12 +200,16 @@ class FsdpStep(_StepBase):
         num_data: Data-parallel ranks (N, times the replica axis size under HSDP).
         num_collectives: Gradient-path collectives per step: a reduce-scatter and an
             all-gather per bucket, an all-reduce per bucket over ``dp_axis`` (HSDP),
-            and one all-reduce of the norm when clipping; 0 on a single device.
+            and one all-reduce of the norm when clipping; 0 on a single device. With
+            per-micro-batch sync the reduce-scatters (and HSDP all-reduces) are G per bucket.
             Metric-only reductions (the loss mean, the norm when not clipping) are not counted.
+        collective_counts: The same by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``.
     """
 
     def __init__(self, loss_fn, params, optimizer, mesh, *, axis, communication_size, layout, max_norm, dp_axis,
-                 return_grad_shards):
+                 return_grad_shards, num_microbatches, defer_sync):
+        check_accum(num_microbatches, defer_sync)
+        self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
         if layout not in ("row", "flat"):
             raise ValueError(f"FSDP layout must be 'row' or 'flat', got {layout!r}.")
         _check_mesh(mesh, _axes(axis) + _axes(dp_axis))
@@ -203,8 +224,11 @@ class FsdpStep(_StepBase):
         self.plan = plan_shards(plan_buckets(self.spec, communication_size), n, layout)
         self._buckets = _buckets(self.plan)
         plan, nb = self.plan, len(self._buckets)
-        self.num_collectives = ((plan.num_reduce_scatters + plan.num_all_gathers + (max_norm is not None) if n > 1 else 0)
-                                + (nb if num_replicas > 1 else 0))
+        k = self.num_syncs
+        self.collective_counts = counts(
+            all_reduce=(max_norm is not None and n > 1) + (k * nb if num_replicas > 1 else 0),
+            reduce_scatter=k * plan.num_reduce_scatters if n > 1 else 0,
+            all_gather=plan.num_all_gathers if n > 1 else 0)
         local = [jax.ShapeDtypeStruct((bk.chunk_elems,), bk.dtype) for bk in self._buckets]
         specs = _state_specs(optimizer, local, axis)
         data = P(_axes(dp_axis) + (axis,))
@@ -223,24 +247,35 @@ class FsdpStep(_StepBase):
     def _init_body(self, params):
         return self.optimizer.init(self._local_slices(jax.tree_util.tree_leaves(params)))
 
-    def _step_body(self, params, opt_state, batch):
+    def _reduce(self, grads: Any, divisor: int | None) -> list[jax.Array]:
+        """Local gradients -> per bucket this rank's summed shard (divided by ``divisor``, if given)."""
         n, axis, dp, layout = self.num_shards, self.axis, self._dp, self.layout
-        data_axes = _axes(dp) + ((axis,) if n > 1 else ())
-        loss, grads = jax.value_and_grad(self.loss_fn)(_vary(params, data_axes), batch)
-        g_leaves = self.treedef.flatten_up_to(grads)
-        shards = []
+        g_leaves, shards = self.treedef.flatten_up_to(grads), []
         for bk in self._buckets:
             s = _pack(bk, g_leaves, n, layout)
             s = jax.lax.psum_scatter(s, axis, scatter_dimension=0, tiled=True) if n > 1 else s
             s = jax.lax.psum(s, dp) if dp else s
-            shards.append(s / self.num_data)
+            shards.append(s / divisor if divisor else s)
+        return shards
+
+    def _step_body(self, params, opt_state, batch):
+        n, axis, dp, layout, g = self.num_shards, self.axis, self._dp, self.layout, self.num_microbatches
+        data_axes = _axes(dp) + ((axis,) if n > 1 else ())
+        value_and_grad, varying = jax.value_and_grad(self.loss_fn), _vary(params, data_axes)
+        if self.num_syncs > 1:  # reduce-scatter every micro-batch, accumulate this rank's shards
+            loss, shards = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g),
+                                      lambda grads: self._reduce(grads, None))
+            shards = [s / (self.num_data * g) for s in shards]
+        else:  # G=1, or deferred: accumulate full local gradients, reduce-scatter once
+            loss, grads = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g))
+            shards = self._reduce(grads, self.num_data * g)
         sq = _global_norm(shards)
         norm = jnp.sqrt(jax.lax.psum(sq, axis) if n > 1 else sq)
         clipped = _clip(shards, norm, self.max_norm)
         slices = self._local_slices(self.treedef.flatten_up_to(params))
         updates, opt_state = self.optimizer.update(clipped, opt_state, slices)
         new = optax.apply_updates(slices, updates)
-        leaves: list = [None] * len(g_leaves)
+        leaves: list = [None] * len(self.spec.params)
         for bk, s in zip(self._buckets, new):
             full = jax.lax.all_gather(s, axis, tiled=True, to="invarying") if n > 1 else s
             for i, a in zip(bk.index, _unpack(bk, full, n, layout)):
@@ -253,7 +288,8 @@ class FsdpStep(_StepBase):
 
 def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
                    mesh: Mesh, *, axis: str = "fsdp", communication_size: int = 32 * 2**20, layout: str = "row",
-                   max_norm: float | None = None, dp_axis: str | None = None, return_grad_shards: bool = False) -> FsdpStep:
+                   max_norm: float | None = None, dp_axis: str | None = None, return_grad_shards: bool = False,
+                   num_microbatches: int = 1, defer_sync: bool = True) -> FsdpStep:
     """Build an FSDP step that realises ``plan_shards(plan_buckets(spec, communication_size), N, layout)``.
 
     Args:
@@ -271,26 +307,38 @@ def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimi
         dp_axis: HSDP: the replica axis; shards are summed over it, means divide by
             the world size.
         return_grad_shards: Debug: also return each device's averaged gradient shards.
+        num_microbatches: G, micro-batches per step: each rank's rows split along axis 0
+            into G equal, consecutive parts (:mod:`~workbench.adapters.jax_accum`). Default: 1.
+        defer_sync: With G > 1: accumulate full local gradients and reduce-scatter once
+            per bucket (True; an unsharded accumulator), or reduce-scatter every
+            micro-batch and accumulate this rank's 1/N shards (False; G per bucket).
 
     Raises:
-        ValueError: for an unknown axis or layout, or (``row``) an array whose size N does
-            not divide, naming its path and shape (from the planner).
+        ValueError: for an unknown axis or layout, an invalid ``num_microbatches`` or
+            ``defer_sync``, or (``row``) an array whose size N does not divide, naming its
+            path and shape (from the planner).
     """
     return FsdpStep(loss_fn, params, optimizer, mesh, axis=axis, communication_size=communication_size, layout=layout,
-                    max_norm=max_norm, dp_axis=dp_axis, return_grad_shards=return_grad_shards)
+                    max_norm=max_norm, dp_axis=dp_axis, return_grad_shards=return_grad_shards,
+                    num_microbatches=num_microbatches, defer_sync=defer_sync)
 
 
 class DdpStep(_StepBase):
-    """The DDP reference; build it with :func:`make_ddp_step`. ``num_collectives``: one all-reduce per array."""
+    """The DDP reference; build it with :func:`make_ddp_step`.
 
-    def __init__(self, loss_fn, params, optimizer, mesh, *, axis, max_norm, return_grads):
+    ``num_collectives``: one all-reduce per array (G per array with per-micro-batch sync).
+    """
+
+    def __init__(self, loss_fn, params, optimizer, mesh, *, axis, max_norm, return_grads, num_microbatches, defer_sync):
+        check_accum(num_microbatches, defer_sync)
+        self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
         self.axes = _axes(axis)
         _check_mesh(mesh, self.axes)
         self.loss_fn, self.optimizer, self.max_norm, self.return_grads = loss_fn, optimizer, max_norm, return_grads
         self.spec = spec_from_jax(params, name="params")
         self.treedef = jax.tree_util.tree_structure(params)
         self.num_data = int(np.prod([mesh.shape[a] for a in self.axes]))
-        self.num_collectives = len(self.spec) if self.num_data > 1 else 0
+        self.collective_counts = counts(all_reduce=self.num_syncs * len(self.spec) if self.num_data > 1 else 0)
         metrics = {"loss": P(), "grad_norm": P()} | ({"grads": P()} if return_grads else {})
         self.param_sharding, self.batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P(self.axes))
         self._init = jax.jit(optimizer.init, out_shardings=self.param_sharding)
@@ -298,9 +346,16 @@ class DdpStep(_StepBase):
         self._step = _smap(self._step_body, mesh, (P(), P(), P(self.axes)), (P(), P(), metrics), bool(self._live))
 
     def _step_body(self, params, opt_state, batch):
-        loss, grads = jax.value_and_grad(self.loss_fn)(_vary(params, self._live), batch)
-        if self._live:
-            grads, loss = jax.lax.pmean((grads, loss), self._live)
+        live, g = self._live, self.num_microbatches
+        value_and_grad, varying = jax.value_and_grad(self.loss_fn), _vary(params, live)
+        per_micro = self.num_syncs > 1
+        sync = (lambda grads: jax.lax.pmean(grads, live)) if per_micro and live else None
+        loss, grads = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g), sync)
+        grads = jax.tree_util.tree_map(lambda a: a / g, grads) if g > 1 else grads
+        if live and per_micro:
+            loss = jax.lax.pmean(loss, live)
+        elif live:
+            grads, loss = jax.lax.pmean((grads, loss), live)
         leaves = self.treedef.flatten_up_to(grads)
         norm = jnp.sqrt(_global_norm(leaves))
         clipped = self.treedef.unflatten(_clip(leaves, norm, self.max_norm))
@@ -311,9 +366,12 @@ class DdpStep(_StepBase):
 
 def make_ddp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
                   mesh: Mesh, axis: str | Sequence[str] = "fsdp", max_norm: float | None = None, *,
-                  return_grads: bool = False) -> DdpStep:
+                  return_grads: bool = False, num_microbatches: int = 1, defer_sync: bool = True) -> DdpStep:
     """Build the data-parallel reference: gradients ``pmean``-ed over ``axis`` (a name or a tuple), full update.
 
     Same arguments and metrics as :func:`make_fsdp_step`; clipping uses the same formula.
+    With G > 1, ``defer_sync`` all-reduces the accumulated gradients once (True) or every
+    micro-batch's (False); the accumulator is full in both modes.
     """
-    return DdpStep(loss_fn, params, optimizer, mesh, axis=axis, max_norm=max_norm, return_grads=return_grads)
+    return DdpStep(loss_fn, params, optimizer, mesh, axis=axis, max_norm=max_norm, return_grads=return_grads,
+                   num_microbatches=num_microbatches, defer_sync=defer_sync)

@@ -7,7 +7,8 @@
 * :func:`fsdp_step` / :func:`fsdp_step_sharded` -- the flax NNX seed problem, unsharded
   and under ZeRO-3.
 
-Bucket packing, the shared checks, clipping and ``shard_map`` come from
+Gradient accumulation (``num_microbatches``, ``defer_sync``) follows
+:mod:`workbench.adapters.jax_accum`. Bucket packing, the shared checks, clipping and ``shard_map`` come from
 :mod:`workbench.adapters.jax_fsdp`; optimizers must be elementwise for the same reason.
 """
 
@@ -26,7 +27,8 @@ from ..buckets import plan_buckets
 from ..shards import plan_shards
 from ..specs import ModelSpec
 from .jax import spec_from_jax
-from .jax_fsdp import _buckets, _check_mesh, _clip, _global_norm, _smap, _state_specs, _StepBase, _unpack
+from .jax_accum import accumulate, check_accum, counts, split_local
+from .jax_fsdp import _buckets, _check_mesh, _clip, _global_norm, _pack, _smap, _state_specs, _StepBase, _unpack
 
 
 def chain_units(apply_units: Sequence[Callable], loss_fn: Callable[[Any, Any], jax.Array]) -> Callable:
@@ -52,12 +54,22 @@ class Zero3Step(_StepBase):
     a second all-gather per unit in backward (``jax.checkpoint``: the gathered weights are
     freed after the unit's forward and gathered again for its backward).
 
+    With G micro-batches and per-micro-batch sync all of that happens G times, the 1/N
+    gradient rows accumulated. Deferred sync (G > 1) gathers every unit once, before the
+    first micro-batch, keeps the full weights for all G micro-batches (so
+    ``reshard_after_forward`` does not apply), accumulates full local gradients and
+    reduce-scatters each unit's buckets once.
+
     Attributes:
         plans: One :class:`~workbench.shards.ShardPlan` per unit.
         num_collectives: All-gathers + reduce-scatters per step (+1 all-reduce when clipping).
+        collective_counts: The same by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``.
     """
 
-    def __init__(self, apply_units, loss_fn, params, optimizer, mesh, *, axis, reshard_after_forward, max_norm):
+    def __init__(self, apply_units, loss_fn, params, optimizer, mesh, *, axis, reshard_after_forward, max_norm,
+                 num_microbatches, defer_sync):
+        check_accum(num_microbatches, defer_sync)
+        self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
         units = list(params)
         if len(units) != len(apply_units):
             raise ValueError(f"{len(apply_units)} unit functions but {len(units)} parameter units; pass one per unit.")
@@ -76,7 +88,10 @@ class Zero3Step(_StepBase):
             self._buckets.append(_buckets(plan))
             start += count
         nb = sum(len(b) for b in self._buckets)
-        self.num_collectives = (nb * (3 if reshard_after_forward else 2) + (max_norm is not None)) if n > 1 else 0
+        g, deferred = self.num_microbatches, self.deferred
+        gathers = nb if deferred else g * nb * (2 if reshard_after_forward else 1)
+        self.collective_counts = counts(all_reduce=max_norm is not None, reduce_scatter=nb * self.num_syncs,
+                                        all_gather=gathers) if n > 1 else counts()
         local = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((1, int(np.prod(a.shape)) // n), a.dtype), units)
         specs = _state_specs(optimizer, local, axis)
         self.sharded, self.replicated = NamedSharding(mesh, P(axis)), NamedSharding(mesh, P())
@@ -101,16 +116,46 @@ class Zero3Step(_StepBase):
                 full[i] = a
         return treedef.unflatten(full)
 
+    @property
+    def deferred(self) -> bool:
+        """Whether a step gathers once and reduce-scatters once (deferred sync with G > 1)."""
+        return self.defer_sync and self.num_microbatches > 1
+
+    def _scatter(self, u: int, full_grads: Any) -> Any:
+        """Unit u's full local gradients -> its (1, size/N) rows, summed over ranks: one psum_scatter per bucket."""
+        leaves, treedef = jax.tree_util.tree_flatten(full_grads)
+        rows: list = [None] * len(leaves)
+        for bk in self._buckets[u]:
+            buf = _pack(bk, leaves, self.num_shards, "row")  # (N*c,): elements [r*c, (r+1)*c) are rank r's
+            buf = jax.lax.psum_scatter(buf, self.axis, scatter_dimension=0, tiled=True) if self.num_shards > 1 else buf
+            for i, a in zip(bk.index, jnp.split(buf, np.cumsum(bk.chunks)[:-1])):
+                rows[i] = a.reshape(1, -1)
+        return treedef.unflatten(rows)
+
     def _step_body(self, sharded, opt_state, batch):
-        def forward(local_units):
-            h = batch
+        def forward(local_units, micro):
+            h = micro
             for u, (f, p) in enumerate(zip(self.apply_units, local_units)):
                 run = lambda p, h, u=u, f=f: f(self._gather(u, p), h)  # noqa: E731
                 h = (jax.checkpoint(run) if self.remat else run)(p, h)
-            return self.loss_fn(h, batch)
+            return self.loss_fn(h, micro)
 
-        loss, grads = jax.value_and_grad(forward)(sharded)  # transpose of all_gather: grads arrive reduce-scattered
-        leaves = [g / self.num_data for g in self.treedef.flatten_up_to(grads)]
+        def forward_full(full_units, micro):
+            h = micro
+            for f, p in zip(self.apply_units, full_units):
+                h = f(p, h)
+            return self.loss_fn(h, micro)
+
+        g, micro_batches = self.num_microbatches, split_local(batch, self.num_microbatches)
+        if self.deferred:  # gather once, keep the full weights for all micro-batches, reduce-scatter once
+            full = [self._gather(u, p) for u, p in enumerate(sharded)]
+            value_and_grad = jax.value_and_grad(forward_full)
+            loss, acc = accumulate(lambda micro: value_and_grad(full, micro), micro_batches)
+            grads = [self._scatter(u, a) for u, a in enumerate(acc)]
+        else:  # the transpose of all_gather: each micro-batch's grads arrive reduce-scattered
+            value_and_grad = jax.value_and_grad(forward)
+            loss, grads = accumulate(lambda micro: value_and_grad(sharded, micro), micro_batches)
+        leaves = [a / (self.num_data * g) for a in self.treedef.flatten_up_to(grads)]
         sq = _global_norm(leaves)
         n = self.num_shards
         norm = jnp.sqrt(jax.lax.psum(sq, self.axis) if n > 1 else sq)
@@ -141,7 +186,8 @@ class Zero3Step(_StepBase):
 
 def make_zero3_step(apply_units: Sequence[Callable[[Any, Any], Any]], loss_fn: Callable[[Any, Any], jax.Array],
                     params: Sequence[Any], optimizer: optax.GradientTransformation, mesh: Mesh, *, axis: str = "fsdp",
-                    reshard_after_forward: bool = True, max_norm: float | None = None) -> Zero3Step:
+                    reshard_after_forward: bool = True, max_norm: float | None = None, num_microbatches: int = 1,
+                    defer_sync: bool = True) -> Zero3Step:
     """Build a fully sharded (ZeRO-3) step over a chain of units (e.g. layers).
 
     The model is ``h = batch; h = apply_units[u](unit_params[u], h) for each u; loss_fn(h, batch)``
@@ -157,6 +203,10 @@ def make_zero3_step(apply_units: Sequence[Callable[[Any, Any], Any]], loss_fn: C
         reshard_after_forward: Free gathered weights after each unit's forward and gather
             again in backward (``jax.checkpoint``); False keeps them (ZeRO-2-like memory).
         max_norm: Clip by the global gradient norm, as in :func:`~.jax_fsdp.make_fsdp_step`.
+        num_microbatches: G, micro-batches per step (each rank's rows split along axis 0). Default: 1.
+        defer_sync: With G > 1: gather every unit once, keep the full weights and an unsharded
+            gradient accumulator for all G micro-batches, reduce-scatter once per bucket (True);
+            or gather and reduce-scatter every micro-batch, accumulating 1/N rows (False).
 
     Usage::
 
@@ -166,10 +216,12 @@ def make_zero3_step(apply_units: Sequence[Callable[[Any, Any], Any]], loss_fn: C
         units = z.unshard(sharded)
 
     Raises:
-        ValueError: on a count mismatch, or an array whose size N does not divide (by path and shape).
+        ValueError: on a count mismatch, an invalid ``num_microbatches`` or ``defer_sync``, or
+            an array whose size N does not divide (by path and shape).
     """
     return Zero3Step(apply_units, loss_fn, params, optimizer, mesh, axis=axis,
-                     reshard_after_forward=reshard_after_forward, max_norm=max_norm)
+                     reshard_after_forward=reshard_after_forward, max_norm=max_norm,
+                     num_microbatches=num_microbatches, defer_sync=defer_sync)
 
 
 def _nnx_linear(seed: int, x: Any, y: Any):
