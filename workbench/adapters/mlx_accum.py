@@ -20,14 +20,15 @@ DDP and FSDP are built on :func:`~workbench.adapters.mlx_fsdp.ddp_apply_gradient
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from .mlx_fsdp import (REDUCE_SCATTER_PATHS, _all_gather, _rebuild, bucket_row, clip_by_global_norm,
-                       ddp_apply_gradients, fsdp_apply_gradients, get_plan, has_sum_scatter, shard_gradients)
+from .mlx_fsdp import (REDUCE_SCATTER_PATHS, apply_gradient_shards, clip_by_global_norm, ddp_apply_gradients,
+                       fsdp_apply_gradients, get_plan, has_sum_scatter, shard_gradients)
 from .mlx_zero3 import Zero3Model, shard_model
 
 STRATEGIES = ("ddp", "fsdp")
@@ -65,24 +66,36 @@ def ring_transport(path: str, num_ranks: int) -> str | None:
 
 
 def _accumulate(value_and_grad: Callable, model: Any, micro_batches: list, sync: Callable | None):
-    """Sum over micro-batches of ``sync(grads)`` (or of the local grads); returns ``(mean loss, sum)``."""
-    acc, losses = None, []
+    """Sum over micro-batches of ``sync(grads)`` (or of the local grads).
+
+    Returns ``(mean loss, sum, seconds spent in sync)``: each micro-batch's backward is evaluated
+    before its sync starts (its activations are freed before the sync's buffers appear), and the
+    sync is evaluated on its own, so its time is the collectives' (and their packing's) alone.
+    """
+    acc, losses, sync_s = None, [], 0.0
     for micro in micro_batches:
         loss, grads = value_and_grad(model, *micro)
-        grads = sync(grads) if sync is not None else grads
+        if sync is not None:
+            mx.eval(loss, grads)
+            t0 = time.perf_counter()
+            grads = sync(grads)
+            mx.eval(grads)
+            sync_s += time.perf_counter() - t0
         acc = grads if acc is None else tree_map(mx.add, acc, grads)
         losses.append(loss)
         mx.eval(acc, loss)
-    return mx.mean(mx.stack(losses)), acc
+    return mx.mean(mx.stack(losses)), acc, sync_s
 
 
 class AccumTrainer:
     """A DDP or FSDP (no parameter sharding) step over G micro-batches; build it with :func:`make_trainer`.
 
     Attributes:
-        report: The last step's collectives: ``num_all_sums`` (DDP buckets, clipping),
-            ``num_reduce_scatters`` / ``num_all_gathers`` (FSDP buckets; one reduce-scatter
-            is one collective whatever its transport), ``num_buckets``, bytes sent per rank.
+        report: The last step's collectives, as the step issues them (buckets times syncs):
+            ``num_all_sums`` (DDP buckets, clipping), ``num_reduce_scatters`` /
+            ``num_all_gathers`` (FSDP buckets; one reduce-scatter is one collective whatever its
+            transport), ``num_buckets``, and ``sync_time_s`` (seconds in the syncs: inside the
+            micro-batch loop when every micro-batch syncs, plus the step's own sync and update).
         phase_hook: If set, called with ``"accumulated"`` once the micro-batch loop is
             evaluated and ``"updated"`` at the end of the step (e.g. to read peak memory per phase).
     """
@@ -97,22 +110,6 @@ class AccumTrainer:
             "sum_scatter" if group.size() > 1 and has_sum_scatter(group) else "ring")
         self.report: dict = {}
         self.phase_hook: Callable[[str], None] | None = None
-
-    def _apply_shards(self, shards: dict, params: Any, plan) -> tuple[Any, mx.array | None]:
-        """Steps 3-5 of :func:`~workbench.adapters.mlx_fsdp.fsdp_apply_gradients` on already reduced shards."""
-        flat, rank = tree_flatten(params), self.group.rank()
-        arrays, norm = [p for _, p in flat], None
-        if self.max_norm is not None:
-            shards, norm = clip_by_global_norm(shards, self.max_norm, self.group)
-        local = {str(b): bucket_row(arrays, plan, rank, b) for b in range(plan.buckets.num_buckets)}
-        new_shards = self.optimizer.apply_gradients(shards, local)
-        updated = list(flat)
-        for b in range(plan.buckets.num_buckets):  # one bucket at a time, as fsdp_apply_gradients
-            rebuilt = _rebuild(_all_gather(new_shards.pop(str(b)), self.group, None), arrays, plan, b)
-            mx.eval(rebuilt)
-            for i, a in zip(plan.buckets.bucket(b).tolist(), rebuilt):
-                updated[i] = (flat[i][0], a)
-        return tree_unflatten(updated), norm
 
     def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
         """One optimizer step over ``batch`` (this rank's part), split into G micro-batches.
@@ -134,8 +131,9 @@ class AccumTrainer:
         if self.strategy == "ddp":
             sync = (lambda gr: nn.average_gradients(gr, group=self.group, all_reduce_size=self.communication_size)) \
                 if per_micro else None
-            loss, acc = _accumulate(value_and_grad, model, micro_batches, sync)
+            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, sync)
             self._phase("accumulated")
+            t_acc = time.perf_counter()
             acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
             norm = None
             if not per_micro:
@@ -149,12 +147,18 @@ class AccumTrainer:
                 new = self.optimizer.apply_gradients(acc, params)
         elif per_micro:  # reduce-scatter every micro-batch, accumulate this rank's shards
             sync = lambda gr: shard_gradients(tree_flatten(gr), plan, self.group, None, self.path)  # noqa: E731
-            loss, acc = _accumulate(value_and_grad, model, micro_batches, sync)
+            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, sync)
             self._phase("accumulated")
-            new, norm = self._apply_shards({k: v * scale for k, v in acc.items()}, params, plan)
+            t_acc = time.perf_counter()
+            shards = {k: v * scale for k, v in acc.items()}
+            del acc  # apply_gradient_shards releases each bucket's shard once gathered
+            updated, norm = apply_gradient_shards(shards, tree_flatten(params), plan, self.optimizer, self.group,
+                                                  self.max_norm)
+            new = tree_unflatten(updated)
         else:  # deferred: accumulate full local gradients, then the ordinary FSDP step once
-            loss, acc = _accumulate(value_and_grad, model, micro_batches, None)
+            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, None)
             self._phase("accumulated")
+            t_acc = time.perf_counter()
             acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
             res = fsdp_apply_gradients(acc, params, self.optimizer, self.group, None, self.communication_size,
                                        None, self.max_norm, self.layout, reduce_scatter=self.path)
@@ -168,7 +172,8 @@ class AccumTrainer:
                            num_buckets=plan.buckets.num_buckets, reduce_scatter_path=self.path if fsdp else None,
                            ring_transport=ring_transport(self.path, n) if fsdp else None,
                            num_all_sums=clip if fsdp else syncs * b, num_reduce_scatters=syncs * b if fsdp else 0,
-                           num_all_gathers=b if fsdp else 0)
+                           num_all_gathers=b if fsdp else 0,
+                           sync_time_s=sync_s + time.perf_counter() - t_acc)
         self._phase("updated")
         return loss, norm
 
@@ -209,7 +214,7 @@ class Zero3Trainer:
         if defer:
             z.set_full(True)
         try:
-            loss, acc = _accumulate(nn.value_and_grad(z, loss_fn), z, micro_batches, None)
+            loss, acc, _ = _accumulate(nn.value_and_grad(z, loss_fn), z, micro_batches, None)
             self._phase("accumulated")
         finally:
             z.set_full(False)

@@ -361,7 +361,7 @@ def fsdp_apply_gradients(
     if reduce_scatter not in REDUCE_SCATTER_PATHS:
         raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_PATHS)}.")
     fsdp = fsdp_group or mx.distributed.init()
-    n, rank = fsdp.size(), fsdp.rank()
+    n = fsdp.size()
     if dp_group is not None:
         _split_group_error(fsdp, dp_group)
     num_replicas = dp_group.size() if dp_group is not None else 1
@@ -376,27 +376,9 @@ def fsdp_apply_gradients(
         path = "sum_scatter" if n > 1 and has_sum_scatter(fsdp) else "ring"
 
     grad_shards = shard_gradients(grads_flat, plan, fsdp, dp_group, path, communication_stream)
-    params = [p for _, p in params_flat]
-    param_shards = {str(b): bucket_row(params, plan, rank, b) for b in range(bp.num_buckets)}
-
-    grad_norm = None
-    if max_norm is not None:
-        grad_shards, grad_norm = clip_by_global_norm(grad_shards, max_norm, fsdp, communication_stream)
-
-    new_shards = optimizer.apply_gradients(grad_shards, param_shards)
-
-    updated = list(params_flat)
-    del param_shards
-    for b in range(bp.num_buckets):
-        # One bucket at a time, its gradient shard and new shard released once gathered: the
-        # step's transient is the new parameter tree plus about one bucket (estimate_memory's
-        # update_copy and bucket rows), not every bucket's shards and buffers at once.
-        gathered = _all_gather(new_shards.pop(str(b)), fsdp, communication_stream)
-        grad_shards.pop(str(b))
-        rebuilt = _rebuild(gathered, params, plan, b)
-        mx.eval(rebuilt)
-        for i, arr in zip(bp.bucket(b).tolist(), rebuilt):
-            updated[i] = (params_flat[i][0], arr)
+    del grads_flat
+    updated, grad_norm = apply_gradient_shards(grad_shards, params_flat, plan, optimizer, fsdp, max_norm,
+                                               communication_stream)
 
     if report is not None:
         shard_bytes = int(sum(int(plan.bucket_chunk_elems[b]) * int(bp.bucket_itemsize[b]) for b in range(bp.num_buckets)))
@@ -417,6 +399,43 @@ def fsdp_apply_gradients(
         )
     result = tree_unflatten(updated)
     return result if max_norm is None else (result, grad_norm)
+
+
+def apply_gradient_shards(grad_shards: dict[str, mx.array], params_flat: list[tuple[str, mx.array]], plan: ShardPlan,
+                          optimizer: Any, group: mx.distributed.Group, max_norm: float | None = None,
+                          stream: Any = None) -> tuple[list[tuple[str, mx.array]], mx.array | None]:
+    """Steps 3-5 of the FSDP step on reduced shards: clip by the global norm (if ``max_norm``), the
+    optimizer on this rank's 1/N, all-gather bucket by bucket.
+
+    ``grad_shards`` (``{str(bucket): 1-D shard}``, as :func:`shard_gradients` returns) is
+    emptied as buckets are gathered: hold no other reference to its shards, or they stay alive.
+
+    Returns:
+        ``(updated params_flat, grad_norm)`` (``grad_norm`` is ``None`` without ``max_norm``).
+    """
+    bp, rank = plan.buckets, group.rank()
+    params = [p for _, p in params_flat]
+    param_shards = {str(b): bucket_row(params, plan, rank, b) for b in range(bp.num_buckets)}
+    grad_norm = None
+    if max_norm is not None:
+        clipped, grad_norm = clip_by_global_norm(grad_shards, max_norm, group, stream)
+        grad_shards.clear()
+        grad_shards.update(clipped)
+        del clipped
+    new_shards = optimizer.apply_gradients(grad_shards, param_shards)
+    updated = list(params_flat)
+    del param_shards
+    for b in range(bp.num_buckets):
+        # One bucket at a time, its gradient shard and new shard released once gathered: the
+        # step's transient is the new parameter tree plus about one bucket (estimate_memory's
+        # update_copy and bucket rows), not every bucket's shards and buffers at once.
+        gathered = _all_gather(new_shards.pop(str(b)), group, stream)
+        grad_shards.pop(str(b))
+        rebuilt = _rebuild(gathered, params, plan, b)
+        mx.eval(rebuilt)
+        for i, arr in zip(bp.bucket(b).tolist(), rebuilt):
+            updated[i] = (params_flat[i][0], arr)
+    return updated, grad_norm
 
 
 def optimizer_state_bytes(optimizer: Any) -> int:
