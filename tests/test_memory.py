@@ -91,6 +91,14 @@ def test_zero3_gathered_unit():
     kept = estimate_memory(spec, "zero3", 8, units={"a": 100, "b": 300}, reshard_after_forward=False)
     assert kept["gathered_unit"] == spec.num_params * 2 + 300 * 2
     assert kept.total_bytes > resharded.total_bytes
+    # MLX's ShardedUnit: gathered bucket + _rebuild copies (2 x 300 x 2 B), full gradient (300 x 2 B),
+    # reduce-scatter buffers: the 300 rows exchanged + this rank's row and their sum (2 x 300 x 2 B / 8)
+    mlx = estimate_memory(spec, "zero3", 8, units={"a": 100, "b": 300}, unit_buffers="mlx")
+    assert mlx["gathered_unit"] == 2 * 300 * 2 + 300 * 2 + 300 * 2 + 2 * (300 * 2 // 8)
+    assert kept["gathered_unit"] == estimate_memory(spec, "zero3", 8, units={"a": 100, "b": 300},
+                                                    reshard_after_forward=False, unit_buffers="mlx")["gathered_unit"]
+    with pytest.raises(ValueError, match="unit_buffers"):
+        estimate_memory(spec, "zero3", 8, unit_buffers="torch")
 
 
 def test_hsdp_shape_and_memory():
@@ -192,3 +200,79 @@ def test_backward_and_step_transients_do_not_add():
                           activation_bytes=10**9)
     assert est.peak_phase == "backward"
     assert est.total_bytes == est.phase_bytes("states") + 10**9 < sum(est.as_dict().values())
+
+
+# ----------------------------------------------------------------------------- gradient accumulation
+# The rows follow the MLX trainers (workbench.adapters.mlx_accum); their peaks are measured against
+# these rows on real ranks in tests/test_mlx_zero3.py.
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("defer", [True, False])
+def test_one_microbatch_is_the_model_without_accumulation(strategy, defer):
+    spec = tiny_spec()
+    plan = plan_buckets(spec, 512)
+    for knobs in (dict(), dict(bucket_plan=plan, shard_plan=plan_shards(plan, 4, "flat"), activation_bytes=999,
+                                update_copies="parameters", reshard_after_forward=False)):
+        knobs |= dict(num_replicas=2) if strategy == "hsdp" else {}
+        before = estimate_memory(spec, strategy, 4, **knobs)
+        after = estimate_memory(spec, strategy, 4, num_microbatches=1, defer_sync=defer, **knobs)
+        assert after == before and after["gradient_accumulator"] == 0
+
+
+def test_accumulator_rows_by_strategy_and_mode():
+    spec, n, g = tiny_spec("float32"), 4, 4
+    psi, b = spec.num_params, 4  # fp32 gradients: 4 B each
+    knobs = dict(optimizer="sgd", num_microbatches=g)
+    units = {"block": 72, "root": 1552}
+    for strategy in ("ddp", "fsdp", "zero1", "zero2", "zero3", "hsdp"):
+        deferred = estimate_memory(spec, strategy, n, defer_sync=True, units=units, **knobs)
+        every = estimate_memory(spec, strategy, n, defer_sync=False, units=units, **knobs)
+        one = estimate_memory(spec, strategy, n, units=units, optimizer="sgd")
+        assert deferred["gradient_accumulator"] == b * psi  # unsharded
+        assert every["gradient_accumulator"] == (b * psi if strategy == "ddp" else -(-b * psi // n))
+        for est in (deferred, every):  # held through the micro-batch loop, beside the micro-batch's gradient
+            assert est.phase_bytes("states") == one.phase_bytes("states")
+            assert est.phase_bytes("step") == one.phase_bytes("step")
+        assert every["gathered_unit"] == one["gathered_unit"]
+        if strategy in ("zero3", "hsdp"):  # every unit gathered, the gathered model's full gradient
+            assert deferred["gathered_unit"] == 4 * psi + 4 * psi - -(-4 * psi // n)
+            assert one["gathered_unit"] == 1552 * (4 + 4)
+        else:
+            assert deferred["gathered_unit"] == every["gathered_unit"] == 0
+    # G beyond 1 does not change the bytes: one accumulator whatever the number of micro-batches
+    assert (estimate_memory(spec, "fsdp", n, num_microbatches=2).as_dict()
+            == estimate_memory(spec, "fsdp", n, num_microbatches=64).as_dict())
+
+
+def test_accumulator_is_in_the_gradient_dtype():
+    est = estimate_memory(10**6, "fsdp", 8, param_dtype="bfloat16", grad_dtype="float32", num_microbatches=2,
+                          defer_sync=False)
+    assert est["gradient_accumulator"] == 4 * 10**6 // 8
+    assert "4 B x 1,000,000" in est.components[-1].formula and est.components[-1].name == "gradient_accumulator"
+
+
+def test_deferred_sync_costs_the_unsharded_accumulator_and_for_zero3_the_gathered_model():
+    spec, n = get_preset("tiny-llama", "bfloat16"), 8
+    psi, largest = spec.num_params, largest_unit_params(spec)
+    knobs = dict(num_microbatches=4, activation_bytes=10**6)  # the loop sets the peak
+    gap = {}
+    for strategy in ("ddp", "fsdp", "zero3"):
+        deferred, every = (estimate_memory(spec, strategy, n, defer_sync=d, **knobs) for d in (True, False))
+        assert deferred.peak_phase == every.peak_phase == "backward"
+        gap[strategy] = deferred.total_bytes - every.total_bytes
+    shard = -(-2 * psi // n)
+    assert gap["ddp"] == 0  # DDP's accumulator is full in both modes
+    assert gap["fsdp"] == 2 * psi - shard  # (1 - 1/N) Psi x 2 B
+    # ZeRO-3 also keeps every unit's parameters and the full micro-batch gradient, not one unit's
+    assert gap["zero3"] == (2 * psi - shard) + (2 * psi + 2 * psi - shard) - largest * (2 + 2)
+
+
+@pytest.mark.parametrize("kwargs, knob", [
+    (dict(num_microbatches=0), "num_microbatches"), (dict(num_microbatches=1.5), "num_microbatches"),
+    (dict(num_microbatches=True), "num_microbatches"), (dict(defer_sync="yes"), "defer_sync"),
+    (dict(defer_sync=1), "defer_sync"),
+])
+def test_bad_accumulation_knobs_are_named(kwargs, knob):
+    with pytest.raises(ValueError, match=knob):
+        estimate_memory(10**6, "fsdp", 4, **kwargs)

@@ -9,16 +9,23 @@ bucket buffers, flat-layout padding, the copies a functional update makes, the l
 unit under ZeRO-3, activations.
 
 Rows fall in three phases, and the peak is not their sum: ``states`` persist all step; the
-``backward`` rows (activations, the gathered unit) are gone before the ``step`` rows (collective
-buffers, update copies) appear, so ``total_bytes = states + max(backward, step)``. The phase
-split and the step rows were fitted to nothing: they follow from what the MLX step holds
-(measured with ``mx.get_peak_memory`` around each phase; :mod:`workbench.validation` checks
-them on every stored run).
+``backward`` rows (activations, the gathered unit, the gradient accumulator) are gone before
+the ``step`` rows (collective buffers, update copies) appear, so ``total_bytes = states +
+max(backward, step)``. The phase split and the step rows were fitted to nothing: they follow
+from what the MLX step holds (measured with ``mx.get_peak_memory`` around each phase;
+:mod:`workbench.validation` checks them on every stored run).
 
 Strategies: ``ddp``; ``zero1``; ``zero2``; ``fsdp`` (MLX's ``fsdp_apply_gradients``: full
 parameters and gradients, sharded optimizer state, reduce-scatter / all-gather per bucket);
 ``zero3`` (everything sharded); ``hsdp`` (ZeRO-3 inside a shard group of ``num_shards``,
 replicated over ``num_replicas`` groups, as PyTorch FSDP2's HSDP). Bytes are per rank.
+
+Gradient accumulation (``num_microbatches`` G > 1) follows the MLX trainers of
+:mod:`workbench.adapters.mlx_accum` (measured there: ``tests/test_mlx_zero3.py``). Deferred sync
+(NeMo Automodel's ``prepare_for_grad_accumulation``) keeps an unsharded accumulator and, under
+ZeRO-3, every unit gathered for the whole loop; syncing every micro-batch keeps this rank's 1/N.
+Mixture-of-experts (``expert_parallel``): routed experts sharded by an expert-parallel group (each
+rank holding whole experts) instead of the FSDP group, as NeMo Automodel's MoE parallelizer does.
 Pure: standard library and NumPy only.
 """
 
@@ -30,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .buckets import BucketPlan
-from .presets import PRESETS, ArchitectureConfig, layer_index
+from .presets import PRESETS, ArchitectureConfig, is_expert_param, layer_index
 from .shards import ShardPlan
 from .specs import DTYPE_BYTES, ModelSpec, canonical_dtype
 
@@ -38,16 +45,19 @@ STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3", "hsdp")
 #: Optimizer states kept per parameter (SGD none, momentum one buffer, Adam/AdamW m and v).
 OPTIMIZER_NUM_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 #: Rows by phase: ``states`` persist; ``step`` (gradient sync and update) and ``backward`` never coexist.
+#: ``gradient_accumulator`` is last, so the rows before it keep their positions in :data:`COMPONENTS`.
 PHASES = {
     "states": ("parameters", "gradients", "master_weights", "optimizer_state", "fp32_gradients", "flat_padding"),
     "step": ("reduced_gradients", "updated_parameters", "updated_optimizer_state", "all_reduce_buffer",
              "reduce_scatter_buffer", "all_gather_buffer"),
-    "backward": ("gathered_unit", "activations"),
+    "backward": ("gathered_unit", "activations", "gradient_accumulator"),
 }
 COMPONENTS = tuple(name for rows in PHASES.values() for name in rows)
 MODEL_STATES = PHASES["states"][:5]
 #: What a step copies instead of updating in place (``update_copies``).
 UPDATE_COPIES = ("none", "parameters", "parameters_and_state")
+#: What a resharded ZeRO-3 unit holds in its backward (``unit_buffers``).
+UNIT_BUFFERS = ("parameters_and_gradients", "mlx")
 # strategy -> (parameters sharded, gradients sharded, optimizer side sharded)
 _SHARDED = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True),
             "fsdp": (False, False, True), "zero3": (True, True, True), "hsdp": (True, True, True)}
@@ -123,14 +133,18 @@ def _dtype_bytes(knob: str, dtype: object) -> int:
         raise ValueError(f"{knob}: {err}") from None
 
 
-def largest_unit_params(spec: ModelSpec) -> int:
+def largest_unit_params(spec: ModelSpec, *, experts: bool = True) -> int:
     """Elements of the largest FSDP unit when every transformer block is one unit.
 
     Parameters are grouped by :func:`workbench.presets.layer_index`; everything outside the
     blocks (embeddings, final norm, LM head) is the root unit, as FSDP wraps the root module.
+    ``experts=False`` leaves out routed-expert parameters (:func:`~workbench.presets.is_expert_param`),
+    which FSDP does not gather when they are excluded from it.
     """
     units: dict[object, int] = {}
     for p in spec:
+        if not experts and is_expert_param(p.path):
+            continue
         key = layer_index(p.path)
         units[key] = units.get(key, 0) + p.size
     return max(units.values(), default=0)
@@ -171,7 +185,9 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
                     optimizer_state_dtype: object = "float32", grad_accum_dtype: object = None,
                     bucket_plan: BucketPlan | None = None, shard_plan: ShardPlan | None = None,
                     reshard_after_forward: bool = True, units: Mapping[object, int] | None = None,
-                    activation_bytes: int = 0, update_copies: str = "none") -> MemoryEstimate:
+                    activation_bytes: int = 0, update_copies: str = "none", num_microbatches: int = 1,
+                    defer_sync: bool = True, expert_parallel: int | None = None,
+                    unit_buffers: str = "parameters_and_gradients") -> MemoryEstimate:
     """Estimate the bytes each rank holds at the peak of a training step.
 
     Args:
@@ -194,7 +210,10 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
             False keeps all gathered parameters until backward. FSDP2's prefetch adds one unit more.
         units: ZeRO-3 units ``{name: num_params}``; default: the buckets, else the spec's blocks
             (:func:`largest_unit_params`), else none.
-        activation_bytes: Per rank, e.g. from :func:`estimate_activation_bytes`.
+        activation_bytes: Per rank and per micro-batch (the loop holds one micro-batch's at a time),
+            e.g. from :func:`estimate_activation_bytes` with the micro-batch's size. The caller's to
+            choose: deferred sync under ZeRO-3 runs the gathered model without recomputation, so pass
+            the activations of ``reshard_after_forward=False`` there.
         update_copies: What the step writes beside the old arrays instead of in place.
             ``"none"``: nothing (the ZeRO paper; PyTorch's in-place DDP/FSDP). ``"parameters"``:
             a functional update as MLX's (the step returns a new parameter tree while the caller
@@ -203,11 +222,42 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
             fills, so they add nothing at the peak; optimizer state reuses its buffers).
             ``"parameters_and_state"``: also new optimizer state and master weights (a jitted JAX
             step without ``donate_argnums``).
+        num_microbatches: G, micro-batches per optimizer step. With G > 1 the ``gradient_accumulator``
+            row (``backward`` phase) holds the earlier micro-batches' summed gradient, in ``grad_dtype``,
+            beside the current one's (the ``gradients`` row), as the MLX trainers of
+            :mod:`workbench.adapters.mlx_accum` do; in the step the accumulator is the gradient the
+            update applies (the ``gradients`` row), so it is not counted there. DDP: full, in both modes.
+            Default 1: no accumulator, every row as without accumulation.
+        defer_sync: With G > 1: accumulate local gradients and synchronise once, after the final
+            micro-batch (True: the accumulator is unsharded; under ZeRO-3/HSDP every unit's parameters
+            stay gathered for the whole loop and the gathered model's full micro-batch gradient is held,
+            so ``gathered_unit`` is all parameters + the full gradient beyond the ``gradients`` row's
+            1/N, whatever ``reshard_after_forward``), or reduce-scatter every micro-batch (False: this
+            rank's 1/N of the accumulator; the other rows as at G = 1).
+        expert_parallel: ``None``: routed experts are sharded by FSDP like every other parameter.
+            An integer k >= 1: experts are outside the FSDP group, sharded by expert parallelism: expert
+            parameters (:func:`~workbench.presets.is_expert_param`) and their gradients, optimizer
+            state, update copies and accumulator are divided over k expert-parallel ranks (k = 1:
+            replicated on every rank) whatever the strategy; non-expert parameters as before. Needs a
+            :class:`ModelSpec` with expert parameters; the default ZeRO-3 unit then counts only
+            non-expert parameters, and ``bucket_plan``, ``shard_plan`` and ``units`` are taken as given
+            (plan them for the FSDP-sharded, non-expert parameters).
+        unit_buffers: ZeRO-3/HSDP with ``reshard_after_forward`` (and no deferred sync): what the
+            backward of the largest unit (U elements) holds beside the states.
+            ``"parameters_and_gradients"``: ``U * (pb + gb)``, its gathered parameters and full gradient
+            (DeepSpeed's 4 B x largest layer in 16 bit). ``"mlx"``: the buffers of
+            :class:`~workbench.adapters.mlx_zero3.ShardedUnit`'s backward, which gathers again and
+            recomputes: ``U * (2 * pb + gb * (2 + 2 / N))`` = the all-gathered bucket and the per-array
+            copies ``_rebuild`` cuts from it (``2 U pb``), the unit's full gradient (``U gb``), and the
+            reduce-scatter's buffers (``U gb (1 + 2 / N)``: the N rows of the bucket as exchanged (the
+            all-gather of the 2-rank ring, ``sum_scatter``'s stacked input), this rank's row concatenated,
+            and their sum). Measured on 2 MLX ring ranks: ``tests/test_mlx_zero3.py``.
 
     Raises:
-        ValueError: on a negative size, ``num_shards < 1``, an unknown strategy, optimizer or dtype,
-            an HSDP shape not multiplying to ``world_size``, or a shard plan for another N; the
-            message names the knob.
+        ValueError: on a negative size, ``num_shards < 1``, ``num_microbatches < 1``, a non-boolean
+            ``defer_sync``, an unknown strategy, optimizer, dtype or ``unit_buffers``, an HSDP shape not multiplying to
+            ``world_size``, a shard plan for another N, or ``expert_parallel`` below 1, with a bare
+            parameter count or a spec without experts; the message names the knob.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
@@ -215,6 +265,8 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
         raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZER_NUM_STATES)}.")
     if update_copies not in UPDATE_COPIES:
         raise ValueError(f"Unknown update_copies {update_copies!r}; choose one of {', '.join(UPDATE_COPIES)}.")
+    if unit_buffers not in UNIT_BUFFERS:
+        raise ValueError(f"Unknown unit_buffers {unit_buffers!r}; choose one of {', '.join(UNIT_BUFFERS)}.")
     spec = model if isinstance(model, ModelSpec) else None
     psi = spec.num_params if spec is not None else _count("model (parameter count)", model)
     n, r = _count("num_shards", num_shards, 1), _count("num_replicas", num_replicas, 1)
@@ -223,6 +275,20 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
     if world_size is not None and _count("world_size", world_size, 1) != n * r:
         raise ValueError(f"num_shards ({n}) * num_replicas ({r}) = {n * r} must equal world_size ({world_size}).")
     act = _count("activation_bytes", activation_bytes)
+    g = _count("num_microbatches", num_microbatches, 1)
+    if not isinstance(defer_sync, bool):
+        raise ValueError(f"defer_sync must be True or False, got {defer_sync!r}.")
+    ep = None if expert_parallel is None else _count("expert_parallel", expert_parallel, 1)
+    psi_e = 0
+    if ep is not None:
+        if spec is None:
+            raise ValueError(f"expert_parallel={ep} needs a ModelSpec, to find the expert parameters by path "
+                             f"(workbench.presets.is_expert_param); got a parameter count ({psi:,}).")
+        psi_e = sum(p.size for p in spec if is_expert_param(p.path))
+        if not psi_e:
+            raise ValueError(f"expert_parallel={ep}: spec {spec.name!r} has no expert parameters (paths with "
+                             "'experts.<e>.'); use expert_parallel=None for a dense model.")
+    psi_d = psi - psi_e  # parameters FSDP shards (all of them without expert_parallel)
     if param_dtype is None:
         dtypes = {p.dtype for p in spec} if spec is not None else {"bfloat16"}
         if len(dtypes) != 1:
@@ -238,8 +304,13 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
     sp, sg, so = _SHARDED[strategy]
 
     def state(name: str, nbytes: int, sharded: bool, what: str) -> MemoryComponent:
-        return MemoryComponent(name, -(-psi * nbytes // n) if sharded else psi * nbytes,
-                               f"{nbytes} B x {psi:,} {what}" + (f" / {n}" if sharded else ""))
+        if ep is None:
+            return MemoryComponent(name, -(-psi * nbytes // n) if sharded else psi * nbytes,
+                                   f"{nbytes} B x {psi:,} {what}" + (f" / {n}" if sharded else ""))
+        dense = -(-psi_d * nbytes // n) if sharded else psi_d * nbytes
+        return MemoryComponent(name, dense + -(-psi_e * nbytes // ep),
+                               f"{nbytes} B x ({psi_d:,} non-expert" + (f" / {n}" if sharded else "")
+                               + f" + {psi_e:,} expert / {ep}) {what}")
 
     rows = [state("parameters", pb, sp, "parameters"), state("gradients", gb, sg, "gradients"),
             state("master_weights", mb, so, "master weights"),
@@ -277,18 +348,33 @@ def estimate_memory(model: ModelSpec | int, strategy: str = "fsdp", num_shards: 
     rows.append(MemoryComponent("flat_padding", pad, "worst rank's padding elements x bytes of sharded states"))
     rows += rows_step
 
-    unit = 0
-    if sp:
+    unit, deferred = 0, g > 1 and defer_sync
+    unit_what = "largest unit's parameters and gradients" if reshard_after_forward else \
+        "all gathered parameters + largest unit's gradients"
+    if sp and deferred:  # the gathered model differentiated whole: its full gradient beside the 1/N row
+        unit = psi_d * pb + psi_d * gb - -(-psi_d * gb // n)
+        unit_what = "deferred sync: all gathered parameters + the micro-batch's full gradient beyond its 1/N"
+    elif sp:
         if units is not None:
             largest = max((_count("units", v) for v in units.values()), default=0)
         elif bucket_plan is not None:
             largest = int(bucket_plan.bucket_elems.max()) if bucket_plan.num_buckets else 0
         else:
-            largest = largest_unit_params(spec) if spec is not None else 0
-        unit = largest * (pb + gb) if reshard_after_forward else psi * pb + largest * gb
-    rows.append(MemoryComponent("gathered_unit", unit, "largest unit's parameters and gradients" if
-                                reshard_after_forward else "all gathered parameters + largest unit's gradients"))
+            largest = largest_unit_params(spec, experts=ep is None) if spec is not None else 0
+        if not reshard_after_forward:
+            unit = psi_d * pb + largest * gb
+        elif unit_buffers == "mlx":  # gathered bucket + _rebuild copies, full gradient, reduce-scatter buffers
+            unit = 2 * largest * pb + 2 * largest * gb + 2 * -(-largest * gb // n)
+            unit_what = ("largest unit (U): 2 U pb (all-gathered bucket + _rebuild copies) + U gb (full gradient) "
+                         "+ U gb (1 + 2 / N) (reduce-scatter: N rows exchanged, this rank's row, their sum)")
+        else:
+            unit = largest * (pb + gb)
+    rows.append(MemoryComponent("gathered_unit", unit, unit_what))
     rows.append(MemoryComponent("activations", act, "given (see estimate_activation_bytes)"))
+    # The accumulator is sharded only by a reduce-scatter every micro-batch; DDP all-reduces, so it is full.
+    rows.append(state("gradient_accumulator", gb, strategy != "ddp" and not defer_sync,
+                      f"gradients summed over the earlier of {g} micro-batches") if g > 1 else
+                MemoryComponent("gradient_accumulator", 0, "none: one micro-batch per step"))
     return MemoryEstimate(strategy=strategy, num_params=psi, num_shards=n, num_replicas=r, components=tuple(rows))
 
 

@@ -27,7 +27,7 @@ UNITS = {"GB": 10**9, "GiB": 2**30, "MB": 10**6, "MiB": 2**20}
 COMPONENT_COLORS = dict(zip(COMPONENTS, (
     "#4C78A8", "#F58518", "#72B7B2", "#54A24B", "#EECA3B", "#C8C8C8",  # states
     "#FF9DA6", "#9ECAE9", "#88D27A", "#E45756", "#B279A2", "#D67195",  # step
-    "#9D755D", "#BAB0AC")))  # backward
+    "#9D755D", "#BAB0AC", "#79706E")))  # backward
 #: The ZeRO paper's Figure 1 (arXiv:1910.02054): Psi = 7.5B, N_d = 64, K = 12, GB per device.
 ZERO_FIGURE_1 = {"ddp": ("Baseline", "(2 + 2 + K) Psi", 120.0),
                  "zero1": ("P_os", "2 Psi + 2 Psi + K Psi / N_d", 31.4),

@@ -47,36 +47,57 @@ def run_model_spec(spec: Any) -> ModelSpec:
     return ModelSpec.from_shapes(dict(lm_param_shapes(LMConfig(**fields["model"]))), name="lm", dtype=fields["precision"])
 
 
-def estimate_run_activation_bytes(config: LMConfig, micro_batch_size: int, dtype: str) -> int:
+def estimate_run_activation_bytes(config: LMConfig, micro_batch_size: int, dtype: str, *,
+                                  recompute: bool = False) -> int:
     """Activations of the LM for backward: Korthikanti et al.'s per-layer term at this dtype, plus the
     fp32 logits and their softmax (``2 * s * b * V * 4``), which that formula leaves out.
 
     Korthikanti's 34 assumes 16-bit activations; it is scaled by ``bytes(dtype) / 2``.
+    ``recompute``: every block is rematerialised in backward (the fsdp-full units with
+    ``reshard_after_forward``: MLX's ``ShardedUnit`` re-runs the block, JAX's ``jax.checkpoint``
+    per unit), so only the block boundaries are kept, ``(L + 1) * s * b * h * bytes(dtype)`` (each
+    block's input and the last block's output), plus one block's internals during its recompute
+    (Korthikanti's term for one layer), plus the logits.
     """
-    layers = estimate_activation_bytes(seq_len=config.seq_len, micro_batch_size=micro_batch_size,
-                                       hidden_size=config.dim, num_heads=config.num_heads, num_layers=config.num_layers)
-    return layers * DTYPE_BYTES[dtype] // 2 + 2 * config.seq_len * micro_batch_size * config.vocab_size * 4
+    s, b, h, nbytes = config.seq_len, micro_batch_size, config.dim, DTYPE_BYTES[dtype]
+    layers = estimate_activation_bytes(seq_len=s, micro_batch_size=b, hidden_size=h, num_heads=config.num_heads,
+                                       num_layers=1 if recompute else config.num_layers) * nbytes // 2
+    if recompute:
+        layers += (config.num_layers + 1) * s * b * h * nbytes
+    return layers + 2 * s * b * config.vocab_size * 4
 
 
 def estimate_run_memory(spec: Any) -> MemoryEstimate:
     """Per-rank memory estimate of a run (a :class:`~workbench.training.RunSpec` or its dict).
 
     The bucket plan is MLX's rule at ``communication_size`` (the JAX FSDP step uses the same
-    plan); ``fsdp-full`` is ZeRO-3 with one unit per transformer block plus the root.
+    plan); ``fsdp-full`` is ZeRO-3 with one unit per transformer block plus the root. With
+    ``num_microbatches`` G > 1, activations are one micro-batch's and the accumulator follows
+    ``defer_sync`` (:func:`~workbench.memory.estimate_memory`). ``fsdp-full`` without deferred sync
+    recomputes each block in backward (``estimate_run_activation_bytes(recompute=True)``), and on
+    MLX its unit's backward buffers are ``ShardedUnit``'s (``unit_buffers="mlx"``).
     """
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     strategy, n, precision = fields["strategy"], fields["num_ranks"], fields["precision"]
     if strategy not in MEMORY_STRATEGY:
         raise ValueError(f"strategy {strategy!r} has no memory model; known: {', '.join(MEMORY_STRATEGY)}.")
+    g = fields.get("num_microbatches", 1)
     model = run_model_spec(fields)
     buckets = plan_buckets(model, fields["communication_size"])
     shard_plan = plan_shards(buckets, n, strategy.split("-")[1]) if strategy in ("fsdp-row", "fsdp-flat") else None
     config = LMConfig(**fields["model"])
+    defer = fields.get("defer_sync", True)
+    # fsdp-full reshards after forward, so each unit recomputes its block in backward; deferred sync
+    # (G > 1) runs the gathered model without the units' rematerialisation.
+    recompute = strategy == "fsdp-full" and not (g > 1 and defer)
     return estimate_memory(
         model, MEMORY_STRATEGY[strategy], n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
         optimizer_state_dtype=precision, bucket_plan=buckets if strategy != "fsdp-full" else None,
         shard_plan=shard_plan, update_copies=UPDATE_COPIES[fields["framework"]],
-        activation_bytes=estimate_run_activation_bytes(config, fields["global_batch"] // n, precision))
+        num_microbatches=g, defer_sync=defer,
+        unit_buffers="mlx" if strategy == "fsdp-full" and fields["framework"] == "mlx" else "parameters_and_gradients",
+        activation_bytes=estimate_run_activation_bytes(config, fields["global_batch"] // (n * g), precision,
+                                                       recompute=recompute))
 
 
 def predicted_components(estimate: MemoryEstimate) -> dict[str, int]:
@@ -90,13 +111,16 @@ def predicted_components(estimate: MemoryEstimate) -> dict[str, int]:
 
 def spec_from_row(run: Mapping[str, Any]) -> dict:
     """A run's spec dict back from a row of ``load_runs(...).runs`` (flattened ``spec.*`` columns;
-    pandas turns integers into floats where a column has gaps, so integral floats become ints)."""
+    pandas turns integers into floats where a column has gaps, so integral floats become ints, and
+    a gap (NaN: a field this run's stored spec leaves at its default) is left out)."""
     def plain(v: Any) -> Any:
         v = v.item() if hasattr(v, "item") else v
         return int(v) if isinstance(v, float) and v.is_integer() else v
 
     spec: dict = {"model": {}}
     for key, value in run.items():
+        if isinstance(value, float) and value != value:  # NaN: not in this run's spec
+            continue
         if key.startswith("spec.model."):
             spec["model"][key[len("spec.model."):]] = plain(value)
         elif key.startswith("spec."):
