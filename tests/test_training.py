@@ -20,8 +20,18 @@ def spec(**kw):
 @pytest.fixture(scope="module")
 def mlx_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    outcomes = {s: run_training(spec(strategy=s), root) for s in ("ddp", "fsdp-row", "fsdp-flat")}
+    outcomes = {s: run_training(spec(strategy=s), root) for s in ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")}
     return root, outcomes
+
+
+ACCUM = {(s, g, d): dict(strategy=s, num_microbatches=g, defer_sync=d)
+         for s in ("ddp", "fsdp-row", "fsdp-full") for g, d in ((2, True), (2, False))}
+
+
+@pytest.fixture(scope="module")
+def accum_runs(mlx_runs):
+    root, _ = mlx_runs
+    return {key: run_training(spec(**kw), root) for key, kw in ACCUM.items()}
 
 
 def test_strategies_converge_identically_and_are_stored(mlx_runs):
@@ -36,12 +46,42 @@ def test_strategies_converge_identically_and_are_stored(mlx_runs):
         assert sorted(zip(rows.step, rows["rank"])) == [(s, r) for s in range(5) for r in range(2)]
         curves[strategy] = rows.groupby("step").loss.mean().to_numpy()  # equal slices: the global mean
     assert curves["ddp"][-1] < curves["ddp"][0]
-    for strategy in ("fsdp-row", "fsdp-flat"):
+    for strategy in ("fsdp-row", "fsdp-flat", "fsdp-full"):
         np.testing.assert_allclose(curves[strategy], curves["ddp"], rtol=1e-5)
     assert (steps.peak_rss_bytes > 2**20).all() and (steps.peak_array_bytes > 0).all()
     assert (steps.peak_array_bytes < steps.peak_rss_bytes).all()  # arrays live inside the process
     records = loaded.runs.set_index("run_id")
     assert (records.loc[outcomes["fsdp-flat"].run_id, "status"]) == "done"
+
+
+def _rank0(root, run_id):
+    loaded = load_runs(root)
+    steps = loaded.steps[(loaded.steps.run_id == run_id) & (loaded.steps["rank"] == 0)].sort_values("step")
+    return steps, loaded.runs.set_index("run_id").loc[run_id, "summary.ranks"][0]
+
+
+def test_accumulated_steps_equal_one_large_batch_step_and_count_their_collectives(mlx_runs, accum_runs):
+    root, outcomes = mlx_runs
+    assert {o.status for o in accum_runs.values()} == {"done"}
+    ddp, _ = _rank0(root, outcomes["ddp"].run_id)
+    counts = {}
+    for (strategy, g, defer), outcome in accum_runs.items():
+        steps, summary = _rank0(root, outcome.run_id)
+        # The same 5 global batches: the step (hence every later loss) equals one large-batch step.
+        np.testing.assert_allclose(steps.loss.to_numpy(), ddp.loss.to_numpy(), rtol=2e-5, err_msg=str((strategy, defer)))
+        # The norm of the averaged gradient: a mis-scaled accumulation shows here, where AdamW's update hides it.
+        np.testing.assert_allclose(steps.grad_norm.to_numpy(), ddp.grad_norm.to_numpy(), rtol=1e-5,
+                                   err_msg=str((strategy, defer)))
+        assert (steps.num_collectives == sum(summary["collectives"].values())).all()
+        counts[strategy, defer] = summary["collectives"]
+    _, single = _rank0(root, outcomes["fsdp-row"].run_id)
+    one = single["collectives"]  # G=1: one reduce-scatter and one all-gather per bucket, the clip's all-reduce
+    assert counts["fsdp-row", True] == one
+    assert counts["fsdp-row", False] == {**one, "reduce_scatter": 2 * one["reduce_scatter"]}
+    assert counts["ddp", False]["all_reduce"] == 2 * counts["ddp", True]["all_reduce"] > 0
+    full_deferred, full_each = counts["fsdp-full", True], counts["fsdp-full", False]
+    assert full_each["reduce_scatter"] == 2 * full_deferred["reduce_scatter"] > 0  # every unit, every micro-batch
+    assert full_each["all_gather"] > 2 * full_deferred["all_gather"] > 0  # and gathered again in backward
 
 
 def test_a_done_spec_is_skipped(mlx_runs):
@@ -55,7 +95,9 @@ def test_a_done_spec_is_skipped(mlx_runs):
     (dict(strategy="zero-4"), "strategy"),
     (dict(strategy="fsdp-row", num_ranks=3, global_batch=9), "strategy"),  # 32*... arrays do not divide 3
     (dict(model={**TINY, "num_heads": 3}), "num_heads"),
-    (dict(strategy="fsdp-full"), "strategy"),
+    (dict(num_microbatches=3), "num_microbatches"),
+    (dict(num_microbatches=0), "num_microbatches"),
+    (dict(defer_sync="yes"), "defer_sync"),
     (dict(framework="jax", strategy="fsdp-full", num_ranks=3, global_batch=3), "strategy"),  # rows of 32-wide arrays
     (dict(learning_rate="fast"), "learning_rate"),
     (dict(weight_decay=-5), "weight_decay"),
@@ -111,3 +153,19 @@ def test_the_backends_capabilities_are_recorded_with_the_run(mlx_runs):
         assert r["backend"] == "ring" and r["capabilities"] == {"sum_scatter": False, "group_split": False}
         assert r["collective_path"] == "ring" and r["ring_transport"] == "all_gather exchange"
         assert r["peak_rss_bytes"] > r["peak_array_bytes"] > 0 and "mlx" in r["versions"]
+
+
+def test_the_accumulation_table_matches_the_collective_model_on_every_run(mlx_runs, accum_runs):
+    from workbench.accumulation import accumulation_table
+
+    root, _ = mlx_runs
+    table = accumulation_table(load_runs(root))
+    assert len(table) == 4 + len(ACCUM) and set(table["mode"]) == {"G = 1", "deferred", "every micro-batch"}
+    for _, row in table.iterrows():
+        assert row.counted == row.expected, (row.strategy, row.G, row["mode"])
+    accumulated = table[table.G > 1]
+    assert (accumulated.max_loss_diff < 2e-5).all()
+    deferred = accumulated[accumulated["mode"] == "deferred"].set_index("strategy")
+    every = accumulated[accumulated["mode"] == "every micro-batch"].set_index("strategy")
+    assert (every.mib_sent > deferred.mib_sent).all() and (every.collectives > deferred.collectives).all()
+

@@ -30,6 +30,9 @@ from .shards import plan_shards
 from .specs import ModelSpec
 
 STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")
+#: Fields added after runs were stored: :meth:`RunSpec.to_dict` leaves them out at these defaults,
+#: so a run's id (a hash of its dict) and every stored record stay valid.
+LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True}
 DEFAULT_MODEL = dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)
 
 
@@ -52,6 +55,8 @@ class RunSpec:
     init_seed: int = 0
     data_seed: int = 0
     concentration: float = 0.1
+    num_microbatches: int = 1
+    defer_sync: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -61,14 +66,19 @@ class RunSpec:
             raise bad("framework", "choose 'mlx' or 'jax'")
         if self.strategy not in STRATEGIES:
             raise bad("strategy", f"unknown strategy; choose one of {', '.join(STRATEGIES)}")
-        if self.strategy == "fsdp-full" and self.framework == "mlx":
-            raise bad("strategy", "full parameter sharding runs in JAX only for now (MLX needs issue 7's fully_shard on every backend)")
-        for name in ("num_ranks", "steps", "global_batch"):
+        for name in ("num_ranks", "steps", "global_batch", "num_microbatches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(name, "must be an integer >= 1")
         if self.global_batch % self.num_ranks:
             raise bad("global_batch", f"must be divisible by num_ranks={self.num_ranks} (each rank takes an equal slice)")
+        if self.global_batch % (self.num_ranks * self.num_microbatches):
+            raise bad("num_microbatches", f"must divide each rank's batch of {self.global_batch // self.num_ranks} "
+                                          f"(global_batch={self.global_batch} / num_ranks={self.num_ranks})")
+        if not isinstance(self.defer_sync, bool):
+            raise bad("defer_sync", "must be True (sync once per step) or False (sync every micro-batch)")
+        if self.num_microbatches == 1:  # one micro-batch syncs once either way: one run, one id
+            object.__setattr__(self, "defer_sync", True)
         if self.optimizer not in ("sgd", "adamw"):
             raise bad("optimizer", "choose 'sgd' or 'adamw'")
         if self.precision not in ("float32", "bfloat16"):
@@ -105,8 +115,18 @@ class RunSpec:
         except TypeError as err:
             raise ValueError(f"RunSpec.model: {err}") from None
 
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences per rank in one micro-batch."""
+        return self.global_batch // (self.num_ranks * self.num_microbatches)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The spec as stored (and hashed into the run id); :data:`LATER_DEFAULTS` at their defaults are left out."""
+        out = asdict(self)
+        for name, default in LATER_DEFAULTS.items():
+            if out[name] == default and type(out[name]) is type(default):
+                del out[name]
+        return out
 
 
 def peak_rss_bytes() -> int:
@@ -130,12 +150,22 @@ def _peak_memory_mlx() -> int:
     return int(mx.get_peak_memory())
 
 
+#: Kind of collective -> the key the MLX trainers' ``report`` counts it under (per step, per rank).
+COLLECTIVE_KEYS = {"all_reduce": "num_all_sums", "reduce_scatter": "num_reduce_scatters",
+                   "all_gather": "num_all_gathers"}
+
+
+def collective_count(report: dict) -> int:
+    """Collectives one rank issued in its last step, from an MLX trainer's ``report``."""
+    return int(sum(report.get(key, 0) for key in COLLECTIVE_KEYS.values()))
+
+
 def _train_mlx(spec: RunSpec, handle) -> dict:
     import mlx.core as mx
-    import mlx.nn as nn
     import mlx.optimizers as optim
 
-    from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients, has_sum_scatter, optimizer_state_bytes
+    from .adapters.mlx_accum import make_trainer, make_zero3_trainer
+    from .adapters.mlx_fsdp import has_sum_scatter, optimizer_state_bytes
     from .data import make_markov_chain, rank_slice, sample_batch
     from .models.init import init_lm_params
     from .models.mlx_lm import MLXLM, lm_loss, load_params
@@ -149,41 +179,42 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
         model.set_dtype(mx.bfloat16)
     opt = (optim.AdamW(spec.learning_rate, weight_decay=spec.weight_decay, bias_correction=True)
            if spec.optimizer == "adamw" else optim.SGD(spec.learning_rate))
-    loss_and_grad = nn.value_and_grad(model, lm_loss)
-    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
     # Always ask for the norm (an infinite max_norm clips nothing) so every run records it.
     max_norm = spec.max_norm if spec.max_norm is not None else math.inf
-    report: dict = {}
+    accum = dict(max_norm=max_norm, num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    if spec.strategy == "fsdp-full":  # ZeRO-3: one unit per transformer block, plus the root
+        trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=True, **accum)
+    else:
+        trainer = make_trainer(model, opt, group, strategy="ddp" if spec.strategy == "ddp" else "fsdp",
+                               communication_size=spec.communication_size,
+                               layout="flat" if spec.strategy == "fsdp-flat" else "row", **accum)
+    # The trainer evaluates every micro-batch's backward before its sync starts (deferred: before the
+    # one sync of the step), so activations are gone before the collective buffers and update copies
+    # appear (the phases of workbench.memory), and reports the seconds spent syncing. Full sharding's
+    # collectives run inside forward and backward: its sync time is not separable (None).
+    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
     mx.reset_peak_memory()
     for step in range(spec.steps):
         local = rank_slice(sample_batch(chain, step, spec.global_batch, cfg.seq_len, seed=spec.data_seed), rank, size)
         inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
         t0 = time.perf_counter()
-        loss, grads = loss_and_grad(model, inputs, targets)
-        # Backward finishes before the sync starts: activations are gone before the collective
-        # buffers and update copies appear (the phases of workbench.memory), and the step time
-        # splits into compute and sync.
-        mx.eval(loss, grads)
-        t_sync = time.perf_counter()
-        params = model.trainable_parameters()
-        if spec.strategy == "ddp":
-            params, norm = ddp_apply_gradients(grads, params, opt, group, spec.communication_size, max_norm=max_norm)
-        else:
-            params, norm = fsdp_apply_gradients(grads, params, opt, group, None, spec.communication_size, None, max_norm,
-                                                spec.strategy.split("-")[1], report=report)
-        model.update(params)
-        mx.eval(model.parameters(), opt.state, loss, norm)
+        loss, norm = trainer.step(lm_loss, inputs, targets)
+        t1 = time.perf_counter()
         handle.append_steps([{
             "step": step, "rank": rank, "loss": loss.item(), "grad_norm": norm.item(),
-            "step_time_s": time.perf_counter() - t0, "sync_time_s": time.perf_counter() - t_sync,
+            "step_time_s": t1 - t0, "sync_time_s": trainer.report.get("sync_time_s"),
+            "num_collectives": collective_count(trainer.report),
             "peak_rss_bytes": peak_rss_bytes(), "peak_array_bytes": _peak_memory_mlx(),
         }])
+    report = trainer.report
+    params = trainer.model.parameters()  # under fsdp-full: this rank's rows
     return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
             "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": _can_split(group)},
-            "collective_path": report.get("reduce_scatter_path", "all_reduce"),
+            "collective_path": report.get("reduce_scatter_path") or "all_reduce",
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
             "peak_array_bytes": _peak_memory_mlx(),
-            "measured_memory": {"parameters": _nbytes(model.parameters()), "optimizer_state": optimizer_state_bytes(opt),
+            "collectives": {kind: int(report.get(key, 0)) for kind, key in COLLECTIVE_KEYS.items()},
+            "measured_memory": {"parameters": _nbytes(params), "optimizer_state": optimizer_state_bytes(opt),
                                 "peak": _peak_memory_mlx(), "peak_source": "mx.get_peak_memory"},
             "versions": _versions()}
 
