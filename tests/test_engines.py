@@ -89,3 +89,17 @@ def test_a_timeout_and_an_interrupt_stop_every_engine():
     with pytest.raises(KeyboardInterrupt):
         run.apply(time.sleep, [(30,), (30,)], timeout_s=60, on_poll=interrupt)
     assert wait_dead(pids) == []
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+    import socket
+
+    from workbench.launch import ephemeral_port_range, free_ports
+
+    low, high = ephemeral_port_range()
+    assert 1024 <= low < high
+    ports = free_ports(8)
+    assert len(set(ports)) == 8 and all(1024 <= p < low for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # free now

@@ -169,3 +169,36 @@ def test_the_accumulation_table_matches_the_collective_model_on_every_run(mlx_ru
     every = accumulated[accumulated["mode"] == "every micro-batch"].set_index("strategy")
     assert (every.mib_sent > deferred.mib_sent).all() and (every.collectives > deferred.collectives).all()
 
+
+def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch):
+    """CI once lost a JAX run to "Failed to start RPC server": another process took the coordinator's
+    port between the pick and rank 0's bind. Hold that port here; the run must relaunch and finish."""
+    import socket
+
+    import workbench.training as training
+    from workbench.launch import plan_launch
+
+    plans = []
+
+    def first_on_a_taken_port(num_ranks, **kw):
+        plan = plan_launch(num_ranks, **kw, ports=[held.getsockname()[1]] if not plans else None)
+        plans.append(plan)
+        return plan
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        monkeypatch.setattr(training, "plan_launch", first_on_a_taken_port)
+        outcome = run_training(spec(framework="jax", strategy="ddp", steps=2), tmp_path)
+    assert outcome.status == "done", outcome.error
+    assert len(plans) == 2 and plans[0].coordinator != plans[1].coordinator
+    loaded = load_runs(tmp_path)
+    assert sorted(loaded.steps.step.unique()) == [0, 1] and loaded.runs.status.tolist() == ["done"]
+
+
+def test_a_port_clash_is_told_apart_from_other_failures():
+    from workbench.training import is_port_clash
+
+    assert is_port_clash("rank 0 failed (JaxRuntimeError): [0:apply] JaxRuntimeError: UNKNOWN: Failed to start RPC server")
+    assert is_port_clash("[ring] bind failed: Address already in use")
+    assert not is_port_clash("rank 1 failed (ValueError): shapes (4, 3) and (2,) do not match")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -65,18 +66,39 @@ class LaunchPlan:
         return f"{self.host}:{self.ports[0]}" if self.framework == "jax" else None
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports free on ``host`` right now (the OS picks them)."""
-    socks = []
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' ports (Linux default 32768-60999)."""
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535  # IANA's dynamic range: macOS and most other systems
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, rng: random.Random | None = None) -> list[int]:
+    """``count`` distinct ports free on ``host`` right now, picked below the ephemeral range.
+
+    A port the OS hands out (``bind(host, 0)``) comes from the ephemeral range, which every
+    outgoing connection also draws from: between our check and the rank's own ``bind``, a
+    gloo or ZMQ connection can take it, and the rank fails ("Failed to start RPC server",
+    "Address already in use"). Ports below that range are only ever taken by an explicit
+    listener, so the window is closed but for other listeners picking at random too.
+    """
+    rng = rng or random.Random()
+    low = max(ephemeral_port_range()[0], 2048)
+    candidates = rng.sample(range(max(1024, low - 12000), low), min(count * 64, low - max(1024, low - 12000)))
+    ports = []
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"free_ports: no {count} free port(s) on {host} below the ephemeral range "
+                       f"(tried {len(candidates)} in {max(1024, low - 12000)}-{low - 1}).")
 
 
 def plan_launch(
