@@ -103,8 +103,8 @@ def _grid(rows: int, cols: int, titles: Sequence[str], hspace: float = 0.08, vsp
         r, c = divmod(k, cols)
         suffix = "" if k == 0 else str(k + 1)
         x0, y1 = c * (width + hspace), 1 - r * (height + vspace)
-        layout[f"xaxis{suffix}"] = dict(domain=[x0, x0 + width], anchor=f"y{suffix}")
-        layout[f"yaxis{suffix}"] = dict(domain=[y1 - height, y1], anchor=f"x{suffix}")
+        layout[f"xaxis{suffix}"] = dict(domain=[max(x0, 0.0), min(x0 + width, 1.0)], anchor=f"y{suffix}")
+        layout[f"yaxis{suffix}"] = dict(domain=[max(y1 - height, 0.0), min(y1, 1.0)], anchor=f"x{suffix}")  # no -1e-17
         refs.append((f"x{suffix}", f"y{suffix}"))
         if k < len(titles):
             annotations.append(dict(text=titles[k], x=x0 + width / 2, y=y1, xref="paper", yref="paper",

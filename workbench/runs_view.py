@@ -19,7 +19,13 @@ WARMUP_STEPS = 2
 
 
 def run_label(row: pd.Series) -> str:
-    return f"{row['spec.framework']} {row['spec.strategy']}"
+    """``"mlx fsdp-row"``; with gradient accumulation ``"mlx fsdp-row G=4 deferred"`` (or ``every micro-batch``)."""
+    label = f"{row['spec.framework']} {row['spec.strategy']}"
+    g = row.get("spec.num_microbatches")
+    if g is not None and not pd.isna(g) and g > 1:
+        defer = row.get("spec.defer_sync")
+        label += f" G={int(g)} " + ("every micro-batch" if defer is False or defer == 0 else "deferred")
+    return label
 
 
 def loss_curves(loaded) -> pd.DataFrame:
