@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 from .buckets import plan_buckets
+from .comm import bus_factor
 from .figures import _figure, _grid
 from .models.init import LMConfig
 from .runs_view import loss_curves
@@ -122,19 +123,19 @@ def expected_collectives(spec: Any) -> dict[str, int]:
 
 def expected_bytes(spec: Any) -> int:
     """Bytes one rank sends per optimizer step on a ring (gradients and parameters; the norm's
-    4 bytes left out): all-reduce 2(N-1)/N of the data, reduce-scatter and all-gather (N-1)/N."""
+    4 bytes left out), by :func:`workbench.comm.bus_factor`: all-reduce 2(N-1)/N of the data,
+    reduce-scatter and all-gather (N-1)/N."""
     f = _fields(spec)
     n, strategy = f["num_ranks"], f["strategy"]
     total = run_model_spec(f).nbytes
-    share = (n - 1) / n
     g, syncs = f["num_microbatches"], _syncs(f)
     if strategy == "ddp":
-        return int(round(syncs * 2 * share * total))
+        return int(round(bus_factor("all_reduce", n) * syncs * total))
     if strategy == "fsdp-full":
         again = sum(b for b, regathered in _units(f) if regathered)
         gathered = total if f["defer_sync"] and g > 1 else syncs * (total + again)
-        return int(round(share * (syncs * total + gathered)))
-    return int(round(share * total * (syncs + 1)))
+        return int(round(bus_factor("reduce_scatter", n) * syncs * total + bus_factor("all_gather", n) * gathered))
+    return int(round((bus_factor("reduce_scatter", n) * syncs + bus_factor("all_gather", n)) * total))
 
 
 def mode_label(spec: Any) -> str:
