@@ -58,6 +58,7 @@ def die_if_rank_one(rank):
     import time
     if rank == 1:
         time.sleep(0.5)
+        os.write(2, b"native code says why: rank 1 aborts\n")  # as an abort in C++ would, on fd 2
         os._exit(9)
     time.sleep(60)
 
@@ -69,6 +70,7 @@ def test_a_killed_engine_fails_the_run_naming_the_rank_and_stops_the_others():
     with pytest.raises(EngineFailure, match=r"rank 1 failed \(EngineError\).*died") as info:
         run.apply(die_if_rank_one, [(0,), (1,)], timeout_s=60)
     assert info.value.rank == 1
+    assert "its output ended:" in str(info.value) and "native code says why: rank 1 aborts" in str(info.value)
     assert time.monotonic() - t0 < 30
     assert wait_dead(pids) == []
 

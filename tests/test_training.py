@@ -170,35 +170,41 @@ def test_the_accumulation_table_matches_the_collective_model_on_every_run(mlx_ru
     assert (every.mib_sent > deferred.mib_sent).all() and (every.collectives > deferred.collectives).all()
 
 
-def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch):
+@pytest.mark.parametrize("framework", ["jax", "mlx"])
+def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch, framework):
     """CI once lost a JAX run to "Failed to start RPC server": another process took the coordinator's
-    port between the pick and rank 0's bind. Hold that port here; the run must relaunch and finish."""
+    port between the pick and rank 0's bind. Hold rank 0's port here (the JAX coordinator's, or
+    the MLX ring's); the run must relaunch on fresh ports and finish."""
     import socket
 
-    import workbench.training as training
-    from workbench.launch import plan_launch
+    import workbench.engines as engines
+    from workbench.launch import free_ports, plan_launch
 
     plans = []
 
     def first_on_a_taken_port(num_ranks, **kw):
-        plan = plan_launch(num_ranks, **kw, ports=[held.getsockname()[1]] if not plans else None)
+        taken = [port] + (free_ports(num_ranks - 1) if kw["framework"] == "mlx" else [])
+        plan = plan_launch(num_ranks, **kw, ports=None if plans else taken)
         plans.append(plan)
         return plan
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        monkeypatch.setattr(training, "plan_launch", first_on_a_taken_port)
-        outcome = run_training(spec(framework="jax", strategy="ddp", steps=2), tmp_path)
+        port = held.getsockname()[1]
+        monkeypatch.setattr(engines, "plan_launch", first_on_a_taken_port)
+        outcome = run_training(spec(framework=framework, strategy="ddp", steps=2), tmp_path)
     assert outcome.status == "done", outcome.error
-    assert len(plans) == 2 and plans[0].coordinator != plans[1].coordinator
+    assert len(plans) == 2 and plans[0].ports[0] == port != plans[1].ports[0]
     loaded = load_runs(tmp_path)
     assert sorted(loaded.steps.step.unique()) == [0, 1] and loaded.runs.status.tolist() == ["done"]
 
 
 def test_a_port_clash_is_told_apart_from_other_failures():
-    from workbench.training import is_port_clash
+    from workbench.engines import is_port_clash
 
     assert is_port_clash("rank 0 failed (JaxRuntimeError): [0:apply] JaxRuntimeError: UNKNOWN: Failed to start RPC server")
-    assert is_port_clash("[ring] bind failed: Address already in use")
+    assert is_port_clash("E1123 add_port.cc:83] Failed to add port to server: No address added out of total 1")
+    assert is_port_clash("rank 0 failed (RuntimeError): [0:apply] RuntimeError: [ring] Couldn't bind socket (error: 98)")
+    assert not is_port_clash("[ring] Couldn't bind socket (error: 99)")  # no such address: new ports will not help
     assert not is_port_clash("rank 1 failed (ValueError): shapes (4, 3) and (2,) do not match")

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from .comm import AlphaBeta, bus_factor, fit_alpha_beta, ring_steps
-from .engines import EngineFailure, start_engines
-from .launch import plan_launch
+from .engines import EngineFailure, run_on_fresh_ports
 from .runstore import RunStore, run_id_for
 
 if TYPE_CHECKING:
@@ -159,8 +158,8 @@ def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks
         return run_id_for(spec)
     handle = store.create(spec, meta={"backend": "ring" if framework == "mlx" else "gloo"})
     try:
-        with start_engines(plan_launch(num_ranks, framework=framework)) as engines:
-            ranks = engines.apply(bench_rank, [(spec,)] * num_ranks, timeout_s=timeout_s)
+        ranks = run_on_fresh_ports(num_ranks, framework,
+                                   lambda engines: engines.apply(bench_rank, [(spec,)] * num_ranks, timeout_s=timeout_s))
     except EngineFailure as err:
         handle.fail(str(err), err.rank)
         raise RuntimeError(f"collective benchmark {handle.run_id} failed: {err}") from err

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import tempfile
 import time
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .launch import LaunchPlan
+from .launch import LaunchPlan, plan_launch
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class EngineFailure(RuntimeError):
@@ -45,6 +48,17 @@ class EngineRun:
     workdir: Path
     _tmp: Any = field(default=None, repr=False)
     started_s: float = 0.0
+    launchers: dict[int, Any] = field(default_factory=dict, repr=False)  # rank -> ipyparallel engine launcher
+
+    def output_tail(self, rank: int, chars: int = 1500) -> str:
+        """The last ``chars`` of rank ``rank``'s engine output (its log, colour codes removed): why
+        an engine that died without raising died (an abort in native code, a clash on a port)."""
+        launcher = self.launchers.get(rank)
+        try:
+            text = "".join(sub.get_output() for sub in launcher.launchers.values()) if launcher else ""
+        except Exception:  # a remote launcher may hold no output here
+            return ""
+        return _ANSI.sub("", text)[-chars:].strip()
 
     def __enter__(self) -> "EngineRun":
         return self
@@ -82,7 +96,9 @@ class EngineRun:
                     r = min(failed, key=lambda k: (getattr(failed[k], "ename", "") != "EngineError", k))
                     kind = getattr(failed[r], "ename", type(failed[r]).__name__)
                     others = f" (also failed: ranks {sorted(set(failed) - {r})})" if len(failed) > 1 else ""
-                    raise EngineFailure(f"rank {r} failed ({kind}){others}: {str(failed[r])[-2000:]}", r) from failed[r]
+                    died = f"\nits output ended:\n{self.output_tail(r)}" if kind == "EngineError" else ""
+                    raise EngineFailure(f"rank {r} failed ({kind}){others}: {str(failed[r])[-2000:]}{died}", r) \
+                        from failed[r]
                 if all(ar.ready() for ar in pending.values()):
                     return [pending[r].get(0) for r in range(self.plan.num_ranks)]
                 if time.monotonic() > deadline:
@@ -152,7 +168,9 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
     try:
         cluster.start_controller_sync()
         for r in range(plan.num_ranks):
+            before = set(cluster.engines)
             cluster.start_engines_sync(n=1, environment={**extra_env, **plan.rank_env[r], "WORKBENCH_RANK": str(r)})
+            run.launchers.update({r: cluster.engines[key] for key in set(cluster.engines) - before})
         run.client = cluster.connect_client_sync()
         run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s)
         deadline = t0 + timeout_s
@@ -169,6 +187,39 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         raise EngineFailure(f"engines did not start: {err}", None) from err
     run.started_s = time.monotonic() - t0
     return run
+
+
+#: Launches tried when a rank cannot bind its rendezvous port (taken between the pick and the bind).
+PORT_ATTEMPTS = 3
+_PORT_CLASH = ("Failed to start RPC server", "Failed to add port to server",  # JAX coordinator (gRPC)
+               "Couldn't bind socket (error: 98)",  # MLX ring: EADDRINUSE
+               "Address already in use", "EADDRINUSE")
+
+
+def is_port_clash(message: str) -> bool:
+    """Whether an engine failure is a rendezvous port taken by another process (JAX's coordinator,
+    the MLX ring, NCCL), the one failure a relaunch on fresh ports cures."""
+    return any(m in message for m in _PORT_CLASH)
+
+
+def run_on_fresh_ports(num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
+                       attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
+    """Plan a launch (:func:`~workbench.launch.plan_launch`), start its engines, return ``body(engines)``.
+
+    A port picked free can still be taken before rank 0 binds it; such a failure (``is_port_clash``)
+    is relaunched on fresh ports, up to ``attempts`` launches in all, while ``may_retry()`` holds
+    (a run that has stored steps must not start again).
+
+    Raises:
+        EngineFailure: any other failure, or the last launch's.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            with start_engines(plan_launch(num_ranks, framework=framework)) as engines:
+                return body(engines)
+        except EngineFailure as err:
+            if attempt == attempts or not is_port_clash(str(err)) or not may_retry():
+                raise
 
 
 def _rank_host_pid() -> tuple[int, str, int]:

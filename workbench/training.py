@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from .buckets import plan_buckets
-from .engines import EngineFailure, EngineRun, start_engines
-from .launch import plan_launch
+from .engines import EngineFailure, EngineRun, run_on_fresh_ports
 from .models.init import LMConfig, lm_param_shapes
 from .runstore import RunStore
 from .shards import plan_shards
@@ -296,17 +295,6 @@ class StepWatchdog:
                 f"(a hung collective? MLX ring all_sum is known to deadlock, MLX #4475); engines stopped", None)
 
 
-#: Launches tried when a rank cannot bind its rendezvous port (taken between the pick and the bind).
-PORT_ATTEMPTS = 3
-_PORT_CLASH = ("Failed to start RPC server", "Address already in use", "EADDRINUSE")
-
-
-def is_port_clash(message: str) -> bool:
-    """Whether an engine failure is a rendezvous port taken by another process (JAX's coordinator,
-    the MLX ring, NCCL), the one failure a relaunch on fresh ports cures."""
-    return any(m in message for m in _PORT_CLASH)
-
-
 def _has_steps(steps_path: Path) -> bool:
     return steps_path.exists() and steps_path.stat().st_size > 0
 
@@ -341,24 +329,22 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
                                            "memory_estimate": estimate_run_memory(spec).as_dict()})
     t0 = time.monotonic()
     steps_path = handle.folder / "steps.jsonl"
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        plan = plan_launch(spec.num_ranks, framework=spec.framework)
+
+    def train(engines: EngineRun) -> tuple[list, float]:
+        if on_engines is not None:
+            on_engines(engines)
         watchdog = StepWatchdog(steps_path, step_timeout_s, startup_timeout_s, progress, spec.num_ranks)
-        try:
-            with start_engines(plan) as engines:
-                if on_engines is not None:
-                    on_engines(engines)
-                results = engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id)] * spec.num_ranks,
-                                        timeout_s=timeout_s, on_poll=watchdog, poll_s=0.1)
-                ready_s = engines.started_s
-            break
-        except EngineFailure as err:
-            if attempt < PORT_ATTEMPTS and is_port_clash(str(err)) and not _has_steps(steps_path):
-                continue  # another process took the rendezvous port before rank 0 bound it: new ports
-            handle.fail(str(err), err.rank)
-            return RunOutcome(handle.run_id, "failed", str(err), err.rank, time.monotonic() - t0)
-        except BaseException as err:  # interrupted: recorded, then re-raised
-            handle.fail(f"{type(err).__name__}: {err}", None)
-            raise
+        return (engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id)] * spec.num_ranks,
+                              timeout_s=timeout_s, on_poll=watchdog, poll_s=0.1), engines.started_s)
+
+    try:
+        results, ready_s = run_on_fresh_ports(spec.num_ranks, spec.framework, train,
+                                              may_retry=lambda: not _has_steps(steps_path))
+    except EngineFailure as err:
+        handle.fail(str(err), err.rank)
+        return RunOutcome(handle.run_id, "failed", str(err), err.rank, time.monotonic() - t0)
+    except BaseException as err:  # interrupted: recorded, then re-raised
+        handle.fail(f"{type(err).__name__}: {err}", None)
+        raise
     handle.finish({"ranks": results, "engines_ready_s": ready_s})
     return RunOutcome(handle.run_id, "done", seconds=time.monotonic() - t0, engines_ready_s=ready_s)
