@@ -75,7 +75,7 @@ def ephemeral_port_range() -> tuple[int, int]:
         return 49152, 65535  # IANA's dynamic range: macOS and most other systems
 
 
-def free_ports(count: int, host: str = "127.0.0.1", *, rng: random.Random | None = None) -> list[int]:
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports free on ``host`` right now, picked below the ephemeral range.
 
     A port the OS hands out (``bind(host, 0)``) comes from the ephemeral range, which every
@@ -84,9 +84,9 @@ def free_ports(count: int, host: str = "127.0.0.1", *, rng: random.Random | None
     "Address already in use"). Ports below that range are only ever taken by an explicit
     listener, so the window is closed but for other listeners picking at random too.
     """
-    rng = rng or random.Random()
     low = max(ephemeral_port_range()[0], 2048)
-    candidates = rng.sample(range(max(1024, low - 12000), low), min(count * 64, low - max(1024, low - 12000)))
+    pool = range(max(1024, low - 12000), low)
+    candidates = random.sample(pool, min(count * 64, len(pool)))
     ports = []
     for port in candidates:
         with socket.socket() as s:
@@ -98,7 +98,7 @@ def free_ports(count: int, host: str = "127.0.0.1", *, rng: random.Random | None
         if len(ports) == count:
             return ports
     raise RuntimeError(f"free_ports: no {count} free port(s) on {host} below the ephemeral range "
-                       f"(tried {len(candidates)} in {max(1024, low - 12000)}-{low - 1}).")
+                       f"(tried {len(candidates)} in {pool.start}-{pool.stop - 1}).")
 
 
 def plan_launch(
