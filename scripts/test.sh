@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh machine (Python 3.11; Debian packages where this runs as
-# root with apt) and runs every test. The README's test command; CI (.ci/run) runs exactly this.
+# root with apt; Python packages at the versions constraints.txt pins, the ones CI tested) and runs
+# every test. The README's test command; CI (.ci/run) runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # OpenMPI: MLX's MPI backend is the CPU backend that can split groups (HSDP).
@@ -20,5 +21,5 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "note: chromium not found and Debian packages cannot be installed here; the browser tests will be skipped"
   fi
 fi
-python3 -m pip install -q -e ".[all,test]"
+python3 -m pip install -q -c constraints.txt -e ".[all,test]"
 python3 -m pytest "$@"
