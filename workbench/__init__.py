@@ -7,12 +7,12 @@ The core (specs, buckets, shards, units) needs only NumPy. Framework adapters li
 from .buckets import POLICIES, BucketPlan, BucketPolicy, plan_buckets
 from .shards import LAYOUTS, ShardPlan, ShardSlice, plan_shards
 from .specs import DTYPE_BYTES, ModelSpec, ParamSpec, canonical_dtype
-from .units import GiB, KiB, MiB, format_bytes
+from .units import GiB, KiB, MiB, format_bytes, readable
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DTYPE_BYTES", "GiB", "KiB", "LAYOUTS", "MiB", "POLICIES", "BucketPlan", "BucketPolicy",
     "ModelSpec", "ParamSpec", "ShardPlan", "ShardSlice", "canonical_dtype", "format_bytes",
-    "plan_buckets", "plan_shards",
+    "plan_buckets", "plan_shards", "readable",
 ]

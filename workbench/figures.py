@@ -21,14 +21,29 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from .buckets import BucketPlan, plan_buckets
 from .shards import ShardPlan, plan_shards
 from .specs import ModelSpec
 from .units import MiB, format_bytes
 
-TEMPLATE = "plotly_white"
+#: The house style, owned here rather than taken from a plotly built-in: a stored figure carries these
+#: few settings (plotly_white's look), so it does not change when plotly's own templates do.
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        autotypenumbers="strict", font=dict(color="#2a3f5f"), paper_bgcolor="white", plot_bgcolor="white",
+        colorway=["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880",
+                  "#FF97FF", "#FECB52"],
+        hovermode="closest", hoverlabel=dict(align="left"), title=dict(x=0.05),
+        xaxis=dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", zerolinewidth=2, ticks="",
+                   automargin=True, title=dict(standoff=15)),
+        yaxis=dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", zerolinewidth=2, ticks="",
+                   automargin=True, title=dict(standoff=15)),
+        shapedefaults=dict(line=dict(color="#2a3f5f")),
+        annotationdefaults=dict(arrowcolor="#2a3f5f", arrowhead=0, arrowwidth=1),
+    ),
+    data=dict(bar=[dict(marker=dict(line=dict(color="white", width=0.5)))]),
+)
 #: Colour of each parameter kind (see :func:`param_kind`).
 KIND_COLORS = {
     "embedding": "#4C78A8", "attention": "#F58518", "mlp": "#54A24B",
@@ -74,7 +89,7 @@ def param_kind(path: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _template() -> dict:
-    return pio.templates[TEMPLATE].to_plotly_json()
+    return TEMPLATE.to_plotly_json()
 
 
 def _figure(traces: list[dict], layout: dict, title: str, height: int) -> go.Figure:
