@@ -1,11 +1,13 @@
 """Command line: ``python -m workbench build`` (the main job), slide decks, and notebook upkeep.
 
-    python -m workbench build [--out build] [--small] [--static] [NOTEBOOK ...]
+    python -m workbench build [--out build] [--small | --full] [--static] [--debug] [NOTEBOOK ...]
     python -m workbench slides [NOTEBOOK ...] [--out build/slides] [--static] [--no-execute] [--small]
     python -m workbench refresh [NOTEBOOK ...]   # re-execute in place for nbval
 
 ``build`` writes every notebook's HTML to ``<out>/html`` and the design-review deck to
-``<out>/slides``. ``slides`` exports the deck (default) or any notebooks as offline reveal.js
+``<out>/slides``, showing which notebook, cell and run it is on (a status line on a terminal, plain
+lines in a log). Runs are stored as they finish: an interrupted build, started again, skips them.
+A failure is one line (notebook, cell, run, error; the traceback goes to ``<out>/logs``), exit 1. ``slides`` exports the deck (default) or any notebooks as offline reveal.js
 decks; ``--static`` adds each figure as PNG and SVG and the deck as PDF (needs Chromium).
 """
 
@@ -21,12 +23,56 @@ def _print_deck(r) -> None:
           f"{r.deck_bytes / 2**20:.1f} MiB)" + "".join(f"\n  {p}" for p in r.static))
 
 
+def _build(args) -> int:
+    import time
+
+    from .buildlog import ProgressPrinter, format_duration
+    from .nbtools import BuildError, build_notebooks
+    from .slides import DECK_NOTEBOOK, export_slides
+
+    missing = [str(p) for p in args.notebooks if not p.is_file()]
+    if missing:
+        print(f"workbench build: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    config = "small" if args.small else "full" if args.full else "default"
+    t0 = time.monotonic()
+    printer = ProgressPrinter(args.out / "logs" / "progress.jsonl").start()
+    printer.message(f"workbench build ({config} configuration) -> {args.out}")
+    try:
+        build_notebooks(args.out / "html", args.notebooks or None, small=args.small, full=args.full, progress=printer)
+        if not args.notebooks or DECK_NOTEBOOK.resolve() in {p.resolve() for p in args.notebooks}:
+            printer.message(f"deck: exporting {DECK_NOTEBOOK.name} as slides")
+            r = export_slides(DECK_NOTEBOOK, args.out / "slides", small=args.small, static=args.static)
+            printer.message(f"deck: {r.seconds:.1f} s -> {r.html} ({r.num_figures} figures; deck with assets "
+                            f"{r.deck_bytes / 2**20:.1f} MiB)" + "".join(f"\n  {p}" for p in r.static))
+    except BuildError as err:
+        printer.close()
+        if args.debug and err.log is not None:
+            print(err.log.read_text(), file=sys.stderr)
+        if err.interrupted:
+            print(f"workbench build: {err}. Stored runs are kept; run the same command to continue.", file=sys.stderr)
+            return 130
+        log = f" (traceback: {err.log})" if err.log is not None and not args.debug else ""
+        print(f"workbench build failed: {err}{log}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        printer.close()
+        print("workbench build: interrupted. Stored runs are kept; run the same command to continue.", file=sys.stderr)
+        return 130
+    printer.close()
+    print(f"workbench build: done in {format_duration(time.monotonic() - t0)} -> {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="execute the notebooks headless and write their HTML, and the slide deck")
     build.add_argument("--out", type=Path, default=Path("build"), help="output folder (default: build)")
-    build.add_argument("--small", action="store_true", help="small configuration (as in CI)")
+    size = build.add_mutually_exclusive_group()
+    size.add_argument("--small", action="store_true", help="small configuration (as in CI)")
+    size.add_argument("--full", action="store_true", help="full configuration: bigger models, more sizes and steps")
+    build.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     build.add_argument("--static", action="store_true", help="also the deck's figures as PNG/SVG and the deck as PDF")
     build.add_argument("notebooks", nargs="*", type=Path)
     slides = sub.add_parser("slides", help="export notebooks (default: the design-review deck) as offline reveal.js decks")
@@ -44,13 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import nbtools
 
     if args.command == "build":
-        from .slides import DECK_NOTEBOOK, export_slides
-
-        for r in nbtools.build_notebooks(args.out / "html", args.notebooks or None, small=args.small):
-            print(f"{r.notebook.name}: {r.seconds:.1f} s -> {r.html} ({r.html_bytes / 2**20:.1f} MiB)")
-        if not args.notebooks or DECK_NOTEBOOK.resolve() in {p.resolve() for p in args.notebooks}:
-            _print_deck(export_slides(DECK_NOTEBOOK, args.out / "slides", small=args.small, static=args.static))
-        return 0
+        return _build(args)
     if args.command == "slides":
         from .slides import DECK_NOTEBOOK, export_slides
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from .buildlog import emit
 from .comm import AlphaBeta, bus_factor, fit_alpha_beta, ring_steps
 from .engines import EngineFailure, run_on_fresh_ports
 from .runstore import RunStore, run_id_for
@@ -154,19 +155,28 @@ def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks
     """
     spec = benchmark_spec(framework, num_ranks, sizes_bytes, kinds, iters)
     store = RunStore(Path(root))
+    label = f"collective benchmark {framework}, {num_ranks} ranks, {len(spec['sizes_bytes'])} sizes"
     if skip_done and store.is_done(spec):
+        emit("run_end", index=None, runs=None, label=label, status="skipped", seconds=0.0, error=None,
+             run_id=run_id_for(spec))
         return run_id_for(spec)
     handle = store.create(spec, meta={"backend": "ring" if framework == "mlx" else "gloo"})
+    emit("run_start", index=None, runs=None, label=label, steps=None, run_id=handle.run_id)
+    t0 = time.monotonic()
     try:
         ranks = run_on_fresh_ports(num_ranks, framework,
                                    lambda engines: engines.apply(bench_rank, [(spec,)] * num_ranks, timeout_s=timeout_s))
     except EngineFailure as err:
         handle.fail(str(err), err.rank)
+        emit("run_end", index=None, runs=None, label=label, status="failed", seconds=time.monotonic() - t0,
+             error=str(err), run_id=handle.run_id)
         raise RuntimeError(f"collective benchmark {handle.run_id} failed: {err}") from err
     except BaseException as err:
         handle.fail(f"{type(err).__name__}: {err}", None)
         raise
     handle.finish({"ranks": ranks})
+    emit("run_end", index=None, runs=None, label=label, status="done", seconds=time.monotonic() - t0, error=None,
+         run_id=handle.run_id)
     return handle.run_id
 
 

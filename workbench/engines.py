@@ -103,7 +103,7 @@ class EngineRun:
                     return [pending[r].get(0) for r in range(self.plan.num_ranks)]
                 if time.monotonic() > deadline:
                     stuck = [r for r, ar in pending.items() if not ar.ready()]
-                    raise EngineFailure(f"ranks {stuck} did not finish within {timeout_s:.0f} s", None)
+                    raise EngineFailure(f"ranks {stuck} did not finish within {timeout_s:g} s", None)
                 if on_poll is not None:
                     on_poll()
                 time.sleep(poll_s)
