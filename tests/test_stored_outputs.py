@@ -95,3 +95,9 @@ def test_reader_json_hides_the_last_bits_and_plotly_serialisation():
     assert reader_json(a) == reader_json(b) == {"y": [2.34922, 1.0], "x": 2.34922, "n": 7, "nan": None}
     assert json.loads(json.dumps(reader_json(a))) == reader_json(a)  # plain JSON: no arrays, no bdata
     assert reader_json({"t": (1, "a", True)}) == {"t": [1, "a", True]}
+    # plotly's own figure dicts hold numpy data as base64 typed arrays: decoded, then rounded.
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Scatter(x=np.arange(3), y=np.array([[0.1 + 0.2, 1 / 3, 2.0]]).ravel()))
+    trace = reader_json(fig.to_dict())["data"][0]
+    assert trace["x"] == [0, 1, 2] and trace["y"] == [0.3, 0.333333, 2.0]

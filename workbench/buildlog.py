@@ -36,8 +36,11 @@ def emit(event: str, **fields) -> None:
     if not path:
         return
     line = json.dumps({"event": event, "t": time.time(), **fields}, default=str)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError:  # progress is a courtesy: it never fails the work it reports on
+        pass
 
 
 def format_duration(seconds: float | None) -> str:

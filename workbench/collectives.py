@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 #: nccl-tests' usual sweep, 1 KiB to 256 MiB by factors of 2.
 FULL_SIZES = tuple(2**k for k in range(10, 29))
+#: The build's default: 1 KiB to 64 MiB by factors of 4 (the latency- and the bandwidth-bound ends).
+DEFAULT_SIZES = tuple(2**k for k in range(10, 27, 2))
 SMALL_SIZES = tuple(2**k for k in range(12, 27, 2))  # 4 KiB to 64 MiB: bandwidth dominates the largest even under load
 
 

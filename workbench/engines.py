@@ -28,6 +28,12 @@ from .launch import LaunchPlan, plan_launch
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+#: The controller's heartbeat. It completes an engine's registration only on the beat after the engine
+#: connects, so ipyparallel's default period (3 s) made every run wait about 6 s for its engines
+#: (measured: 5.9 s to register 2 engines; 0.9 s at 0.5 s). 20 missed beats (10 s) declare an engine dead.
+FAST_HEARTBEAT = ("--HeartMonitor.period=500", "--HeartMonitor.max_heartbeat_misses=20")
+
+
 class EngineFailure(RuntimeError):
     """An engine died or raised; ``rank`` names it (``None`` when the run timed out)."""
 
@@ -162,6 +168,7 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         workdir = Path(tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
     extra_env = plan.write_files(workdir)
+    cluster_kwargs.setdefault("controller_args", list(FAST_HEARTBEAT))
     cluster = ipp.Cluster(n=0, controller_ip=plan.host, log_level=logging.ERROR,
                           engine_launcher_class=engine_launcher_class, **cluster_kwargs)
     run = EngineRun(plan, cluster, None, {}, {}, workdir, tmp)

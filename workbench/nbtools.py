@@ -160,11 +160,14 @@ def execute_notebook(path: Path, *, timeout_s: float | None = None, progress=Non
             progress.cell_start(cell_index)
 
     client.on_cell_start = on_cell_start
-    kernel_log = None
-    if log_dir is not None:  # the kernel's own stdout/stderr (warnings, native libraries): a file, not the terminal
+    # The kernel's own stdout/stderr (its startup warnings, native libraries) go to a file, or nowhere:
+    # never into the terminal of the build. What cells print reaches the notebook as usual.
+    if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         kernel_log = open(log_dir / f"{path.stem}.kernel.log", "w", encoding="utf-8")
-    streams = {"stdout": kernel_log, "stderr": kernel_log} if kernel_log is not None else {}
+    else:
+        kernel_log = open(os.devnull, "w")
+    streams = {"stdout": kernel_log, "stderr": kernel_log}
     with _env(**env), _KernelInterrupter(client) as interrupter:
         try:
             client.execute(**streams)
@@ -173,8 +176,7 @@ def execute_notebook(path: Path, *, timeout_s: float | None = None, progress=Non
                 progress.poll()
             raise _cell_error(path, nb, current["cell"], err, progress, log_dir, interrupter.interrupted) from None
         finally:
-            if kernel_log is not None:
-                kernel_log.close()
+            kernel_log.close()
     if progress is not None:
         progress.poll()
         failed = progress.failed_runs
@@ -283,7 +285,7 @@ def build_notebooks(out_dir: Path, notebooks: list[Path] | None = None, *, small
     paths = list(notebooks or sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb")))
     env = dict(WORKBENCH_EXPORT="1", WORKBENCH_SMALL="1" if small else "0", WORKBENCH_FULL="1" if full else "0")
     if progress is not None:
-        env[PROGRESS_ENV] = str(progress.path)
+        env[PROGRESS_ENV] = str(progress.path.resolve())  # the kernel runs in the notebook's folder
     results = []
     for i, path in enumerate(paths, 1):
         t0 = time.perf_counter()

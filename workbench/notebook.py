@@ -36,6 +36,16 @@ class NotebookSettings:
         """``"small"`` (CI, nbval), ``"full"`` (``build --full``) or ``"default"`` (``build``, and JupyterLab)."""
         return "small" if self.small else "full" if self.full else "default"
 
+    def runs_dir(self, name: str) -> Path:
+        """This configuration's run store for ``name`` (:func:`runs_dir` of ``name``, ``name-small`` or
+        ``name-full``), so configurations never mix their runs."""
+        return runs_dir(name + {"small": "-small", "default": "", "full": "-full"}[self.config])
+
+    def pick(self, *, small, default, full=None):
+        """The value for this configuration: ``STEPS = settings.pick(small=20, default=200)``
+        (``full`` defaults to ``default``)."""
+        return {"small": small, "default": default, "full": default if full is None else full}[self.config]
+
 
 def env_flag(name: str) -> bool:
     """True when the environment variable ``name`` is set to 1/true/yes."""
@@ -82,6 +92,8 @@ def reader_json(value, digits: int = FIGURE_DIGITS):
     import numpy as np
 
     if isinstance(value, dict):
+        if "bdata" in value and "dtype" in value:  # plotly's typed array: base64 of the raw bytes
+            return reader_json(_decode_typed_array(value), digits)
         return {str(k): reader_json(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [reader_json(v, digits) for v in value]
@@ -96,6 +108,19 @@ def reader_json(value, digits: int = FIGURE_DIGITS):
     import plotly.io as pio  # anything else (dates, decimals): plotly's own encoder, then the same rounding
 
     return reader_json(json.loads(pio.to_json(value, validate=False)), digits)
+
+
+def _decode_typed_array(spec: dict):
+    """The array a plotly typed-array spec (``{"dtype": "f8", "bdata": ..., "shape": "2, 3"}``) holds."""
+    import base64
+
+    import numpy as np
+
+    array = np.frombuffer(base64.b64decode(spec["bdata"]), dtype=np.dtype(spec["dtype"]))
+    shape = spec.get("shape")
+    if shape:
+        array = array.reshape([int(n) for n in str(shape).split(",")])
+    return array
 
 
 def _reader_json_renderer():
