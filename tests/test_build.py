@@ -85,12 +85,13 @@ def test_progress_names_each_run_and_a_second_build_skips_what_is_stored(tmp_pat
 
 
 def test_a_failed_run_fails_the_build_naming_the_run(tmp_path):
-    nb = sweep_notebook(tmp_path / "03_fail.ipynb", steps=3, timeout_s=0.01)  # no run can finish that fast
+    # 1000 steps cannot finish before the run's first check of its 0.01 s limit (0.1 s in).
+    nb = sweep_notebook(tmp_path / "03_fail.ipynb", steps=1000, timeout_s=0.01)
     code, out, err = build(tmp_path, nb)
     assert code == 1
     (line,) = err.strip().splitlines()
     assert line.startswith("workbench build failed: ") and "03_fail.ipynb: run " in line
-    assert "(mlx ddp communication_size 32.00 MiB) failed: ranks [0, 1] did not finish within 0.01 s" in line
+    assert "(mlx ddp communication_size 32.00 MiB) failed: ranks [0, 1] did not finish within 0.01 s" in line, line
     assert "and 1 more failed runs" in line
 
 
@@ -158,3 +159,24 @@ def test_sweep_clock_estimates_from_the_pace_of_steps(done, expected):
         assert sweep_left > run_left + 3 * run_left  # three runs still to come, each longer than what is left
     else:
         assert (run_left, sweep_left) == expected
+
+
+def test_a_terminal_gets_one_status_line_with_a_bar(tmp_path):
+    from io import StringIO
+
+    stream = StringIO()
+    printer = ProgressPrinter(tmp_path / "p.jsonl", stream=stream, tty=True)
+    printer.notebook_start("04_convergence.ipynb", 5, 7, 19)
+    printer.cell_start(7)
+    with open(tmp_path / "p.jsonl", "a") as f:
+        f.write(json.dumps({"event": "run_start", "index": 2, "runs": 8, "label": "jax ddp", "steps": 200, "run_id": "r"}) + "\n")
+        f.write(json.dumps({"event": "run_steps", "index": 2, "runs": 8, "done": 100, "steps": 200, "eta_run_s": 12,
+                            "eta_sweep_s": 95}) + "\n")
+    printer.poll()
+    printer._redraw()
+    last = stream.getvalue().split("\r\033[K")[-1]
+    assert last == ("[5/7] 04_convergence.ipynb | cell 8/19 | run 2/8 jax ddp | [##########..........] "
+                    "step 100/200, run ends in ~12 s, sweep in ~1 min 35 s")
+    assert "step 100/200" not in stream.getvalue().split("\n")[-2]  # steps redraw the status line, no new line
+    printer.close()
+    assert stream.getvalue().endswith("\r\033[K")  # the status line is cleared at the end
