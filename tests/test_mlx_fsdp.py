@@ -166,6 +166,34 @@ def test_clipping_returns_the_norm_before_clipping_and_keeps_bf16():
     assert {v.dtype for _, v in tree_flatten(new)} == {mx.bfloat16}
 
 
+@pytest.mark.parametrize("empty", [{}, []])
+def test_an_empty_tree_comes_back_as_the_same_kind_of_tree(empty):
+    assert fsdp_apply_gradients(empty, empty, optim.SGD(0.1)) == empty
+    assert type(fsdp_apply_gradients(empty, empty, optim.SGD(0.1))) is type(empty)
+    tree, norm = fsdp_apply_gradients(empty, empty, optim.SGD(0.1), max_norm=1.0)
+    assert type(tree) is type(empty) and norm.item() == 0.0
+
+
+class HandsBackItsInput:
+    """An optimizer whose update returns one of the trees it was given, as a no-op or an in-place
+    optimizer may: ``which`` picks the gradients or the parameters."""
+
+    def __init__(self, which):
+        self.which, self.state = which, {}
+
+    def apply_gradients(self, gradients, parameters):
+        return gradients if self.which == "gradients" else parameters
+
+
+@pytest.mark.parametrize("which", ["gradients", "parameters"])
+def test_an_optimizer_that_returns_its_input_tree_works(which):
+    params, grads = small_problem()
+    got = fsdp_apply_gradients(grads, params, HandsBackItsInput(which), communication_size=64)
+    want = grads if which == "gradients" else params  # on one rank the shards are the whole arrays
+    for (k, a), (_, b) in zip(tree_flatten(got), tree_flatten(want)):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+
+
 def test_bad_input_names_the_path():
     params, grads = small_problem()
     bad = dict(grads)
@@ -229,3 +257,24 @@ def test_rows_follow_the_plan_they_are_given_even_when_plans_come_and_go():
             plan = plan_shards(plan_buckets(spec, 2**20), 2, layout)
             assert np.array(bucket_row(arrays, plan, 0, 0)).tolist() == want
             del plan
+
+
+def test_caches_are_bounded_and_can_be_cleared():
+    from workbench.adapters import mlx_fsdp
+    from workbench.adapters.mlx_fsdp import bucket_row, clear_caches, get_plan
+
+    clear_caches()
+    params = [("w", mx.zeros((8,)))]
+    plans = [get_plan(params, size, 2, "row") for size in range(1, mlx_fsdp.PLAN_CACHE_SIZE + 20)]
+    assert mlx_fsdp._plan.cache_info().currsize == mlx_fsdp.PLAN_CACHE_SIZE  # only so many are kept
+    assert get_plan(params, mlx_fsdp.PLAN_CACHE_SIZE + 19, 2, "row") is plans[-1]  # the newest, served cached
+    assert get_plan(params, 1, 2, "row") is not plans[0]  # the oldest was let go, and is planned again
+    arrays = [mx.arange(8, dtype=mx.float32)]
+    spec = spec_from_mlx({"w": arrays[0]})
+    kept = [plan_shards(plan_buckets(spec, 2**20), 2, "flat") for _ in range(10)]
+    for plan in kept:
+        for _ in range(3):
+            bucket_row(arrays, plan, 0, 0)
+    assert len(mlx_fsdp._PIECES) == 10
+    clear_caches()
+    assert mlx_fsdp._plan.cache_info().currsize == 0 and not mlx_fsdp._PIECES

@@ -23,8 +23,10 @@ an all-reduce then a slice: the right numbers at twice the traffic.
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -36,7 +38,9 @@ from .mlx import spec_from_mlx
 
 REDUCE_SCATTER_PATHS = ("auto", "sum_scatter", "ring", "send_recv", "all_sum")
 _SUM_SCATTER_SUPPORT: list[bool] = []  # one process, one backend: probed once
-_PLANS: dict[tuple, ShardPlan] = {}
+#: Plans kept for reuse (a training loop asks for the same few every step), and rows' pieces.
+PLAN_CACHE_SIZE = 64
+PIECE_CACHE_SIZE = 4096
 
 
 def has_sum_scatter(group: mx.distributed.Group) -> bool:
@@ -82,15 +86,11 @@ def make_hsdp_groups(fsdp_size: int, world: mx.distributed.Group | None = None):
     return fsdp, dp
 
 
-_RING_STREAMS: list = []
-
-
+@functools.lru_cache(maxsize=1)
 def _ring_streams() -> tuple:
-    """Two streams of the default device: sends on one, receives on the other."""
-    if not _RING_STREAMS:
-        device = mx.default_device()
-        _RING_STREAMS.extend([mx.new_stream(device), mx.new_stream(device)])
-    return _RING_STREAMS[0], _RING_STREAMS[1]
+    """Two streams of the default device: sends on one, receives on the other (made once)."""
+    device = mx.default_device()
+    return mx.new_stream(device), mx.new_stream(device)
 
 
 def ring_reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Group, stream: Any = None, *,
@@ -150,10 +150,19 @@ def _all_gather(shard: mx.array, group: mx.distributed.Group, stream: Any) -> mx
 def get_plan(parameters_flat: list[tuple[str, mx.array]], communication_size: int, num_shards: int, layout: str) -> ShardPlan:
     """The core's shard plan for these parameters (cached: planning is pure)."""
     spec = spec_from_mlx(tree_unflatten(list(parameters_flat)), name="mlx-params")
-    key = (spec, int(communication_size), int(num_shards), layout)
-    if key not in _PLANS:
-        _PLANS[key] = plan_shards(plan_buckets(spec, communication_size), num_shards, layout)
-    return _PLANS[key]
+    return _plan(spec, int(communication_size), int(num_shards), layout)
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _plan(spec, communication_size: int, num_shards: int, layout: str) -> ShardPlan:
+    return plan_shards(plan_buckets(spec, communication_size), num_shards, layout)
+
+
+def clear_caches() -> None:
+    """Forget cached plans, rows' pieces and ring streams (all bounded; tests start clean with this)."""
+    _plan.cache_clear()
+    _PIECES.clear()
+    _ring_streams.cache_clear()
 
 
 def _check_trees(grads: list, params: list) -> None:
@@ -173,7 +182,7 @@ def _check_trees(grads: list, params: list) -> None:
             raise ValueError(f"Gradient '{k}' is {g.dtype} but parameter '{k}' is {p.dtype}; dtypes are never promoted.")
 
 
-_PIECES: dict[tuple[int, int, int], tuple[weakref.ref, list[tuple[int, int, int]], int]] = {}
+_PIECES: OrderedDict[tuple[int, int, int], tuple[weakref.ref, list[tuple[int, int, int]], int]] = OrderedDict()
 
 
 def _row_pieces(plan: ShardPlan, rank: int, bucket: int) -> tuple[list[tuple[int, int, int]], int]:
@@ -189,6 +198,9 @@ def _row_pieces(plan: ShardPlan, rank: int, bucket: int) -> tuple[list[tuple[int
         pieces = [(index[s.path], s.start, s.stop) for s in plan.rank_slices(rank, bucket)]
         padding = int(plan.bucket_chunk_elems[bucket]) - sum(stop - start for _, start, stop in pieces)
         cached = _PIECES[key] = (weakref.ref(plan), pieces, padding)
+        while len(_PIECES) > PIECE_CACHE_SIZE:  # least recently used first
+            _PIECES.popitem(last=False)
+    _PIECES.move_to_end(key)
     return cached[1], cached[2]
 
 
@@ -340,7 +352,8 @@ def fsdp_apply_gradients(
             Default: 32 MiB.
         communication_stream: Stream for the collectives. Default: the backend's.
         max_norm: Clip to this global gradient norm before the update, if given.
-        layout: ``"row"`` (each array reshaped ``(N, -1)``; sizes must divide N) or ``"flat"``.
+        layout: ``"row"`` (each array reshaped ``(N, -1)``; N must divide every array's size) or
+            ``"flat"`` (each bucket cut into N equal chunks, padded).
         reduce_scatter: ``"auto"`` (``sum_scatter`` where the backend has it, else ``"ring"``),
             ``"sum_scatter"``, ``"ring"`` (the workbench's ring: send/recv, or at two ranks one
             all_gather exchange), ``"send_recv"`` (that ring over send/recv at any N) or ``"all_sum"``.
@@ -348,8 +361,11 @@ def fsdp_apply_gradients(
             path, collectives per kind, buckets, and bytes sent per rank.
 
     Returns:
-        The updated full-parameter tree; ``(parameters, grad_norm)`` when ``max_norm`` is
-        given, ``grad_norm`` being the global norm of the averaged gradient before clipping.
+        The updated full-parameter tree, of the same kind as ``parameters`` (an empty tree comes
+        back empty); ``(parameters, grad_norm)`` when ``max_norm`` is given, ``grad_norm`` being the
+        global norm of the averaged gradient before clipping. The norm is accumulated in float32
+        whatever the gradients' dtype (MLX's own helper computes it in the gradients' dtype, which
+        for bf16 gradients loses digits); the clipping scale is cast back to each gradient's dtype.
 
     Raises:
         ValueError: mismatched trees (naming the path), a ``row`` array not divisible by N
@@ -369,6 +385,9 @@ def fsdp_apply_gradients(
     params_flat = tree_flatten(parameters)
     grads_flat = tree_flatten(gradients)
     _check_trees(grads_flat, params_flat)
+    if not params_flat:  # nothing to shard or update; tree_unflatten([]) would turn {} into []
+        empty = type(parameters)() if isinstance(parameters, (dict, list, tuple)) else parameters
+        return empty if max_norm is None else (empty, mx.array(0.0, dtype=mx.float32))
     plan = get_plan(params_flat, communication_size, n, layout)
     bp = plan.buckets
     path = reduce_scatter
@@ -422,7 +441,9 @@ def apply_gradient_shards(grad_shards: dict[str, mx.array], params_flat: list[tu
         grad_shards.clear()
         grad_shards.update(clipped)
         del clipped
-    new_shards = optimizer.apply_gradients(grad_shards, param_shards)
+    # A copy: an optimizer may hand back one of its input dicts (a no-op update returns the
+    # parameters, a custom one the gradients), and the loop below pops from both.
+    new_shards = dict(optimizer.apply_gradients(grad_shards, param_shards))
     updated = list(params_flat)
     del param_shards
     for b in range(bp.num_buckets):
