@@ -11,7 +11,9 @@ from workbench.runstore import RunStore, load_runs
 from workbench.step_time import (comm_size_table, fig_collective_bandwidth, fig_comm_size_sweep, pr_step_table,
                                  predict_sync_s)
 from workbench.training import RunSpec, run_training
-from workbench.validation import run_model_spec
+from workbench.runs_view import WARMUP_STEPS
+from workbench.units import MiB
+from workbench.validation import estimate_run_memory, run_model_spec
 
 SIZES = (2**12, 2**16, 2**26)  # up to 64 MiB: bandwidth dominates the largest even on a loaded CI machine
 TINY = dict(vocab_size=64, seq_len=16, dim=64, num_layers=2, num_heads=2, mlp_dim=128)
@@ -76,7 +78,20 @@ def test_sweep_tables_from_real_runs(tmp_path):
     links = {("mlx", k): AlphaBeta(1e-4, 1e9) for k in KINDS}
     table = comm_size_table(load_runs(tmp_path), links)
     assert len(table) == 4 and (table.step_ms > table.sync_ms).all() and (table.sync_ms > 0).all()
-    assert (table.peak_mib > 0).all() and (table.predicted_peak_mib > 0).all()
+    loaded = load_runs(tmp_path)
+    for _, r in table.iterrows():
+        spec = RunSpec(framework="mlx", strategy=r.strategy, num_ranks=2, steps=3, global_batch=4, model=TINY,
+                       communication_size=int(r.communication_size))
+        steps = loaded.steps[loaded.steps.run_id == r.run_id]
+        # Each figure is the one the model or the store gives: the estimate of the same spec, the ring's
+        # bytes for its bucket plan, the largest peak any rank recorded, the median of steps after warm-up.
+        assert r.predicted_peak_mib == estimate_run_memory(spec).total_bytes / MiB
+        plan = plan_buckets(run_model_spec(spec.to_dict()), spec.communication_size)
+        comm = estimate_comm(plan, {"ddp": "ddp", "fsdp-row": "fsdp"}[r.strategy], 2)
+        assert r.rank_mib_sent == comm.rank_bytes / MiB and r.num_collectives == comm.num_collectives
+        assert r.peak_mib == steps.peak_array_bytes.max() / MiB
+        steady = steps[steps.step >= WARMUP_STEPS].groupby("step").step_time_s.max().median()
+        assert r.step_ms == pytest.approx(steady * 1e3)
     row = table[(table.strategy == "fsdp-row") & (table.communication_size == 2**12)].iloc[0]
     buckets = plan_buckets(run_model_spec(dict(model=TINY, precision="float32")), 2**12)
     assert row.num_buckets == buckets.num_buckets and row.num_collectives == 2 * buckets.num_buckets

@@ -66,6 +66,14 @@ def test_zero3_keeps_one_nth_of_parameters_and_optimizer_state(ring_run):
                                                  "root": 2224}
 
 
+#: Elements of the units a case gathers a second time in backward (those resharded after forward).
+REGATHERED = {
+    "zero3_reshard_True": lambda units: units["layers.0"] + units["layers.1"],  # the blocks; the root keeps its own
+    "zero3_reshard_False": lambda units: 0,
+    "zero3_custom_units": lambda units: units["layers.0.attn"] + units["layers.1.mlp"],
+}
+
+
 def test_zero3_collectives_per_step_follow_the_units(ring_run):
     n, ranks = ring_run
     eq = ranks[0]["equal"]
@@ -82,7 +90,12 @@ def test_zero3_collectives_per_step_follow_the_units(ring_run):
             else:
                 assert counts.get("all_gather", 0) == u + again
                 assert counts.get("send", 0) == counts.get("recv_like", 0) == (n - 1) * u
-            assert report["reduce_scatter_bytes_sent"] > 0 and report["all_gather_bytes_sent"] > 0
+            # Row layout, fp32, no padding: each collective moves (N-1)/N of its unit's bytes per rank; the
+            # units gathered again in backward add theirs to the all-gathers.
+            units = eq[case]["units"]
+            again_elems = REGATHERED[case](units)
+            assert report["reduce_scatter_bytes_sent"] == (n - 1) * 4 * sum(units.values()) // n
+            assert report["all_gather_bytes_sent"] == report["reduce_scatter_bytes_sent"] + (n - 1) * 4 * again_elems // n
     assert eq["zero3_reshard_True"]["reports"][0]["num_resharded_units"] == 2  # the blocks; the root keeps its own
     assert eq["zero3_reshard_False"]["reports"][0]["num_resharded_units"] == 0
     assert eq["zero3_custom_units"]["reports"][0]["num_resharded_units"] == 2  # attn and mlp; layers.0 holds attn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -260,7 +261,13 @@ def test_registry_contents():
 def test_build_all_presets_twice_gives_equal_specs():
     for name in list_presets():
         assert build_spec(PRESETS[name]) == get_preset(name)
-        assert len(get_preset(name)) > 0
+        # Every layer 0..L-1 holds the same number of arrays, and a few arrays (embedding, final norm,
+        # head) sit outside the layers.
+        paths = get_preset(name).paths
+        per_layer = Counter(layer_index(p) for p in paths if layer_index(p) is not None)
+        assert sorted(per_layer) == list(range(PRESETS[name].num_layers)), name
+        assert len(set(per_layer.values())) == 1, name
+        assert 1 <= len(paths) - sum(per_layer.values()) <= 4, name
 
 
 # -------------------------------------------------------------- validation ---
