@@ -180,3 +180,12 @@ def test_a_terminal_gets_one_status_line_with_a_bar(tmp_path):
     assert "step 100/200" not in stream.getvalue().split("\n")[-2]  # steps redraw the status line, no new line
     printer.close()
     assert stream.getvalue().endswith("\r\033[K")  # the status line is cleared at the end
+
+
+def test_all_done_means_every_run_stored_and_done():
+    from workbench.progress import all_done
+    from workbench.training import RunOutcome
+
+    assert all_done([RunOutcome("a", "done"), RunOutcome("b", "skipped")])
+    assert not all_done([RunOutcome("a", "done"), RunOutcome("b", "failed", "rank 1 died", 1)])
+    assert not all_done([])  # a sweep that ran nothing proves nothing

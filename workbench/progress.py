@@ -100,6 +100,12 @@ def run_sweep(specs: Iterable[RunSpec], runs_root: Path | str, *, display: bool 
     return outcomes
 
 
+def all_done(outcomes: Iterable[RunOutcome]) -> bool:
+    """Whether every run of a sweep is stored and done (trained now, or skipped as already done)."""
+    outcomes = list(outcomes)
+    return bool(outcomes) and all(o.status in ("done", "skipped") for o in outcomes)
+
+
 def run_label(spec: RunSpec) -> str:
     """A short name for a run in progress displays: framework, strategy and what sets it apart."""
     parts = [spec.framework, spec.strategy]
