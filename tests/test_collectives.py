@@ -12,6 +12,7 @@ from workbench.step_time import (comm_size_table, fig_collective_bandwidth, fig_
                                  predict_sync_s)
 from workbench.training import RunSpec, run_training
 from workbench.runs_view import WARMUP_STEPS
+from workbench.strategies import MODEL_STRATEGY
 from workbench.units import MiB
 from workbench.validation import estimate_run_memory, run_model_spec
 
@@ -87,7 +88,7 @@ def test_sweep_tables_from_real_runs(tmp_path):
         # bytes for its bucket plan, the largest peak any rank recorded, the median of steps after warm-up.
         assert r.predicted_peak_mib == estimate_run_memory(spec).total_bytes / MiB
         plan = plan_buckets(run_model_spec(spec.to_dict()), spec.communication_size)
-        comm = estimate_comm(plan, {"ddp": "ddp", "fsdp-row": "fsdp"}[r.strategy], 2)
+        comm = estimate_comm(plan, MODEL_STRATEGY[r.strategy], 2)
         assert r.rank_mib_sent == comm.rank_bytes / MiB and r.num_collectives == comm.num_collectives
         assert r.peak_mib == steps.peak_array_bytes.max() / MiB
         steady = steps[steps.step >= WARMUP_STEPS].groupby("step").step_time_s.max().median()

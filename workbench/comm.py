@@ -18,9 +18,10 @@ import numpy as np
 
 from .buckets import BucketPlan
 from .shards import ShardPlan
+from .strategies import MODEL_STRATEGIES
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3", "hsdp")
+STRATEGIES = MODEL_STRATEGIES  # (workbench.strategies)
 
 
 def _ranks(knob: str, value: object) -> int:

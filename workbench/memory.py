@@ -40,8 +40,9 @@ from .buckets import BucketPlan
 from .presets import PRESETS, ArchitectureConfig, is_expert_param, layer_index
 from .shards import ShardPlan
 from .specs import DTYPE_BYTES, ModelSpec, canonical_dtype
+from .strategies import MODEL_STRATEGIES
 
-STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3", "hsdp")
+STRATEGIES = MODEL_STRATEGIES  # (workbench.strategies)
 #: Optimizer states kept per parameter (SGD none, momentum one buffer, Adam/AdamW m and v).
 OPTIMIZER_NUM_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 #: Rows by phase: ``states`` persist; ``step`` (gradient sync and update) and ``backward`` never coexist.

@@ -23,6 +23,7 @@ from mlx.utils import tree_flatten
 
 from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients, optimizer_state_bytes
 from .mlx_worker import build_params, mlp_loss
+from .units import MiB
 
 STRATEGIES = {
     "ddp": None,
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--communication-size", type=int, default=32 * 2**20)
+    parser.add_argument("--communication-size", type=int, default=32 * MiB)
     args = parser.parse_args()
     group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
     rank, size = group.rank(), group.size()

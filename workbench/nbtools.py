@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import paths
 from .buildlog import PROGRESS_ENV
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = paths.NOTEBOOK_DIR
 CDN_PATTERN = re.compile(r'<script[^>]+src="(https?://[^"]+)"')
 
 

@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import paths
+
 
 @dataclass(frozen=True)
 class NotebookSettings:
@@ -150,5 +152,5 @@ def setup() -> NotebookSettings:
 def runs_dir(name: str) -> Path:
     """Where a notebook stores its runs: ``$WORKBENCH_RUNS/name``, else ``<repo>/runs/name`` (git-ignored)."""
     root = os.environ.get("WORKBENCH_RUNS")
-    base = Path(root) if root else Path(__file__).resolve().parent.parent / "runs"
+    base = Path(root) if root else paths.RUNS_DIR
     return base / name

@@ -41,12 +41,12 @@ from typing import Iterable, Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
+from . import paths
 from .figures import TEMPLATE
 from .validation import VALIDATION_MODEL
 
-ROOT = Path(__file__).resolve().parent.parent
-VENDOR_DIR = ROOT / "vendor" / "slides"
-DECK_NOTEBOOK = ROOT / "notebooks" / "00_design_review.ipynb"
+VENDOR_DIR = paths.VENDOR_DIR / "slides"
+DECK_NOTEBOOK = paths.NOTEBOOK_DIR / "00_design_review.ipynb"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
@@ -111,7 +111,7 @@ def reference_runs_dir(name: str = "convergence") -> Path:
     """
     if name not in REFERENCE_STORES:
         raise ValueError(f"Unknown reference run store {name!r}; known: {', '.join(REFERENCE_STORES)}.")
-    return ROOT / "notebooks" / "reference_runs" / name
+    return paths.NOTEBOOK_DIR / "reference_runs" / name
 
 
 def step_time_table() -> pd.DataFrame:

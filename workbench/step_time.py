@@ -25,10 +25,10 @@ from .buckets import plan_buckets
 from .comm import AlphaBeta, CommEstimate, estimate_comm
 from .figures import TEMPLATE
 from .runs_view import WARMUP_STEPS
+from .strategies import MODEL_STRATEGY
 from .validation import estimate_run_memory, run_model_spec, spec_from_row
 
 #: Run strategy -> the communication model's strategy.
-COMM_STRATEGY = {"ddp": "ddp", "fsdp-row": "fsdp", "fsdp-flat": "fsdp", "fsdp-full": "zero3"}
 
 
 def predict_sync_s(comm: CommEstimate, links: Mapping[tuple[str, str], AlphaBeta], framework: str) -> float:
@@ -63,7 +63,7 @@ def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = 
         spec = spec_from_row(run)
         steps = loaded.steps[loaded.steps.run_id == run.run_id]
         buckets = plan_buckets(run_model_spec(spec), spec["communication_size"])
-        comm = estimate_comm(buckets, COMM_STRATEGY[spec["strategy"]], spec["num_ranks"])
+        comm = estimate_comm(buckets, MODEL_STRATEGY[spec["strategy"]], spec["num_ranks"])
         step_s, sync_s = _steady(steps, "step_time_s"), _steady(steps, "sync_time_s")
         peak = steps["peak_array_bytes"].max() if "peak_array_bytes" in steps and steps["peak_array_bytes"].notna().any() else None
         rows.append({

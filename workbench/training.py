@@ -27,8 +27,10 @@ from .models.init import LMConfig, lm_param_shapes
 from .runstore import RunStore
 from .shards import plan_shards
 from .specs import ModelSpec
+from .strategies import RUN_STRATEGIES
+from .units import MiB
 
-STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")
+STRATEGIES = RUN_STRATEGIES  # (workbench.strategies)
 #: Fields added after runs were stored: :meth:`RunSpec.to_dict` leaves them out at these defaults,
 #: so a run's id (a hash of its dict) and every stored record stay valid.
 LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True}
@@ -49,7 +51,7 @@ class RunSpec:
     learning_rate: float = 3e-3
     weight_decay: float = 0.0
     precision: str = "float32"
-    communication_size: int = 32 * 2**20
+    communication_size: int = 32 * MiB
     max_norm: float | None = None
     init_seed: int = 0
     data_seed: int = 0

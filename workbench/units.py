@@ -8,7 +8,7 @@ GiB = 2**30
 
 
 def format_bytes(num_bytes: float) -> str:
-    """Format a byte count with binary prefixes: ``format_bytes(3 * 2**20) == '3.00 MiB'``."""
+    """Format a byte count with binary prefixes: ``format_bytes(3 * MiB) == '3.00 MiB'``."""
     value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":

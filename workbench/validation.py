@@ -26,6 +26,7 @@ from .memory import MemoryEstimate, estimate_activation_bytes, estimate_memory
 from .models.init import LMConfig, lm_param_shapes
 from .shards import plan_shards
 from .specs import DTYPE_BYTES, ModelSpec
+from .strategies import MODEL_STRATEGY
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +37,6 @@ VALIDATION_MODEL = dict(vocab_size=512, seq_len=32, dim=256, num_layers=4, num_h
 COMPONENT_TOLERANCE = 0.05
 PEAK_TOLERANCE = 0.10
 #: Run strategy -> the memory model's strategy.
-MEMORY_STRATEGY = {"ddp": "ddp", "fsdp-row": "fsdp", "fsdp-flat": "fsdp", "fsdp-full": "zero3"}
 #: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).
 UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
 
@@ -79,8 +79,8 @@ def estimate_run_memory(spec: Any) -> MemoryEstimate:
     """
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     strategy, n, precision = fields["strategy"], fields["num_ranks"], fields["precision"]
-    if strategy not in MEMORY_STRATEGY:
-        raise ValueError(f"strategy {strategy!r} has no memory model; known: {', '.join(MEMORY_STRATEGY)}.")
+    if strategy not in MODEL_STRATEGY:
+        raise ValueError(f"strategy {strategy!r} has no memory model; known: {', '.join(MODEL_STRATEGY)}.")
     g = fields.get("num_microbatches", 1)
     model = run_model_spec(fields)
     buckets = plan_buckets(model, fields["communication_size"])
@@ -91,7 +91,7 @@ def estimate_run_memory(spec: Any) -> MemoryEstimate:
     # (G > 1) runs the gathered model without the units' rematerialisation.
     recompute = strategy == "fsdp-full" and not (g > 1 and defer)
     return estimate_memory(
-        model, MEMORY_STRATEGY[strategy], n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
+        model, MODEL_STRATEGY[strategy], n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
         optimizer_state_dtype=precision, bucket_plan=buckets if strategy != "fsdp-full" else None,
         shard_plan=shard_plan, update_copies=UPDATE_COPIES[fields["framework"]],
         num_microbatches=g, defer_sync=defer,

@@ -191,7 +191,7 @@ class LayoutExplorer(widgets.VBox):
 
 def build_layout_explorer(
     spec_or_preset: ModelSpec | str = "tiny-llama",
-    communication_size: int = 32 * 2**20,
+    communication_size: int = 32 * MiB,
     num_shards: int = 8,
     layout: str = "row",
     policy: str = "mlx",

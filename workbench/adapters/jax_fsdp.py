@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 from ..buckets import plan_buckets
 from ..shards import ShardPlan, plan_shards
 from ..specs import ModelSpec
+from ..units import MiB
 from .jax import spec_from_jax
 from .jax_accum import accumulate, check_accum, check_batch, counts, split_local
 
@@ -287,7 +288,7 @@ class FsdpStep(_StepBase):
 
 
 def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
-                   mesh: Mesh, *, axis: str = "fsdp", communication_size: int = 32 * 2**20, layout: str = "row",
+                   mesh: Mesh, *, axis: str = "fsdp", communication_size: int = 32 * MiB, layout: str = "row",
                    max_norm: float | None = None, dp_axis: str | None = None, return_grad_shards: bool = False,
                    num_microbatches: int = 1, defer_sync: bool = True) -> FsdpStep:
     """Build an FSDP step that realises ``plan_shards(plan_buckets(spec, communication_size), N, layout)``.

@@ -27,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from ..units import MiB
 from .mlx_fsdp import (REDUCE_SCATTER_PATHS, apply_gradient_shards, clip_by_global_norm, ddp_apply_gradients,
                        fsdp_apply_gradients, get_plan, has_sum_scatter, shard_gradients)
 from .mlx_zero3 import Zero3Model, shard_model
@@ -252,7 +253,7 @@ class Zero3Trainer:
 
 def make_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group | None = None, *,
                  strategy: str = "ddp", num_microbatches: int = 1, defer_sync: bool = True,
-                 communication_size: int = 32 * 2**20, layout: str = "row", reduce_scatter: str = "auto",
+                 communication_size: int = 32 * MiB, layout: str = "row", reduce_scatter: str = "auto",
                  max_norm: float | None = None) -> AccumTrainer:
     """A DDP or FSDP (no parameter sharding) training step with gradient accumulation.
 

@@ -34,6 +34,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..buckets import plan_buckets
 from ..shards import ShardPlan, plan_shards
+from ..units import MiB
 from .mlx import spec_from_mlx
 
 REDUCE_SCATTER_PATHS = ("auto", "sum_scatter", "ring", "send_recv", "all_sum")
@@ -294,7 +295,7 @@ def ddp_apply_gradients(
     parameters: Any,
     optimizer: Any,
     group: mx.distributed.Group | None = None,
-    communication_size: int = 32 * 2**20,
+    communication_size: int = 32 * MiB,
     max_norm: float | None = None,
 ):
     """The DDP baseline: ``mlx.nn.average_gradients``, optional clipping, a full optimizer update.
@@ -327,7 +328,7 @@ def fsdp_apply_gradients(
     optimizer: Any,
     fsdp_group: mx.distributed.Group | None = None,
     dp_group: mx.distributed.Group | None = None,
-    communication_size: int = 32 * 2**20,
+    communication_size: int = 32 * MiB,
     communication_stream: Any = None,
     max_norm: float | None = None,
     layout: str = "row",
