@@ -189,3 +189,15 @@ def test_all_done_means_every_run_stored_and_done():
     assert all_done([RunOutcome("a", "done"), RunOutcome("b", "skipped")])
     assert not all_done([RunOutcome("a", "done"), RunOutcome("b", "failed", "rank 1 died", 1)])
     assert not all_done([])  # a sweep that ran nothing proves nothing
+
+
+def test_refresh_of_a_failing_notebook_is_one_line_and_leaves_the_file(tmp_path):
+    nb = notebook(tmp_path / "07_fails.ipynb", "raise RuntimeError('no engines here')")
+    before = nb.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "workbench", "refresh", str(nb)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("workbench refresh failed: ") and "07_fails.ipynb, cell 1" in line
+    assert "RuntimeError: no engines here" in line
+    assert nb.read_bytes() == before

@@ -99,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                                       theme=args.theme, hide_code=True if args.hide_code else None))
         return 0
     for path in args.notebooks or sorted(nbtools.NOTEBOOK_DIR.glob("[0-9]*.ipynb")):
-        nbtools.refresh_notebook(path)
+        try:
+            nbtools.refresh_notebook(path)
+        except nbtools.BuildError as err:  # one line, as the build does; the notebook file is left as it was
+            print(f"workbench refresh failed: {err}", file=sys.stderr)
+            return 130 if err.interrupted else 1
         print(f"refreshed {path}")
     return 0
 
