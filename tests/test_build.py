@@ -201,3 +201,12 @@ def test_refresh_of_a_failing_notebook_is_one_line_and_leaves_the_file(tmp_path)
     assert line.startswith("workbench refresh failed: ") and "07_fails.ipynb, cell 1" in line
     assert "RuntimeError: no engines here" in line
     assert nb.read_bytes() == before
+
+
+def test_slides_of_a_failing_notebook_is_one_line(tmp_path):
+    nb = notebook(tmp_path / "08_fails.ipynb", "x = 1", "1 / 0")
+    proc = subprocess.run([sys.executable, "-m", "workbench", "slides", str(nb), "--out", str(tmp_path / "deck")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("workbench slides failed: ") and "08_fails.ipynb, cell 2 (`1 / 0`): ZeroDivisionError" in line

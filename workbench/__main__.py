@@ -95,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         from .slides import DECK_NOTEBOOK, export_slides
 
         for path in args.notebooks or [DECK_NOTEBOOK]:
-            _print_deck(export_slides(path, args.out, execute=args.execute, small=args.small, static=args.static,
-                                      theme=args.theme, hide_code=True if args.hide_code else None))
+            try:
+                _print_deck(export_slides(path, args.out, execute=args.execute, small=args.small, static=args.static,
+                                          theme=args.theme, hide_code=True if args.hide_code else None))
+            except nbtools.BuildError as err:
+                print(f"workbench slides failed: {err}", file=sys.stderr)
+                return 130 if err.interrupted else 1
         return 0
     for path in args.notebooks or sorted(nbtools.NOTEBOOK_DIR.glob("[0-9]*.ipynb")):
         try:
