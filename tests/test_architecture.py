@@ -39,3 +39,20 @@ def test_sizes_are_written_with_the_units_of_workbench_units():
     for module in sorted((paths.REPO_ROOT / "workbench").rglob("*.py")):
         hits = [i for i, line in enumerate(module.read_text().splitlines(), 1) if literal.search(line)]
         assert not hits, f"{module.relative_to(paths.REPO_ROOT)} lines {hits}: write N * MiB (workbench.units)"
+
+
+def test_one_optimizer_factory_per_framework():
+    import mlx.optimizers as optim
+    import optax
+    import pytest
+
+    from workbench.adapters import jax as jax_adapter
+    from workbench.adapters import mlx as mlx_adapter
+
+    adamw = mlx_adapter.make_optimizer("adamw", 3e-3, weight_decay=0.1)
+    assert isinstance(adamw, optim.AdamW) and adamw.bias_correction and adamw.weight_decay == 0.1
+    assert isinstance(mlx_adapter.make_optimizer("sgd", 0.5), optim.SGD)
+    assert isinstance(jax_adapter.make_optimizer("adamw", 3e-3, weight_decay=0.1), optax.GradientTransformation)
+    for module in (mlx_adapter, jax_adapter):
+        with pytest.raises(ValueError, match="'lion'.*adamw, sgd"):
+            module.make_optimizer("lion", 1e-3)

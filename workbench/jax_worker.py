@@ -80,9 +80,9 @@ def mlp_loss(params: Any, batch: Any) -> Any:
 
 def make_optimizer(name: str):
     """``"sgd"`` (lr 0.1) or ``"adamw"`` (lr 1e-2, weight decay 1e-2): the optimizers of :data:`CONFIGS`."""
-    import optax
+    from .adapters.jax import make_optimizer as make_jax_optimizer
 
-    return {"sgd": lambda: optax.sgd(0.1), "adamw": lambda: optax.adamw(1e-2, weight_decay=1e-2)}[name]()
+    return make_jax_optimizer(name, 0.1) if name == "sgd" else make_jax_optimizer(name, 1e-2, weight_decay=1e-2)
 
 
 def run_configs(mesh, params: dict, batch: tuple, *, steps: int, communication_size: int) -> dict:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
+from .adapters.mlx import make_optimizer as make_mlx_optimizer
 from .adapters.mlx_fsdp import (ddp_apply_gradients, fsdp_apply_gradients, get_plan, has_sum_scatter, make_hsdp_groups,
                                  optimizer_state_bytes, shard_gradients)
 
@@ -68,7 +68,11 @@ def batch(step: int, dims: tuple[int, ...], rank: int, size: int, dtype):
 
 
 def make_optimizer(name: str):
-    return optim.SGD(learning_rate=0.1) if name == "sgd" else optim.AdamW(learning_rate=0.01, weight_decay=0.01)
+    """The optimizers of the cases: SGD at lr 0.1, or AdamW at lr 0.01 with weight decay 0.01 (MLX's default,
+    no bias correction)."""
+    if name == "sgd":
+        return make_mlx_optimizer("sgd", 0.1)
+    return make_mlx_optimizer("adamw", 0.01, weight_decay=0.01, bias_correction=False)
 
 
 class Spy:

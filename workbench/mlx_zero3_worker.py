@@ -26,10 +26,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
+from .adapters.mlx import make_optimizer as make_mlx_optimizer
 from .adapters.mlx_accum import make_trainer, make_zero3_trainer
 from .adapters.mlx_fsdp import ddp_apply_gradients, fsdp_apply_gradients, has_sum_scatter
 from .adapters.mlx_zero3 import shard_model
@@ -58,12 +58,12 @@ def batch(cfg: LMConfig, step: int, rank: int, size: int, global_batch: int = GL
 
 
 def adamw():
-    return optim.AdamW(learning_rate=1e-2, weight_decay=0.01)
+    return make_mlx_optimizer("adamw", 1e-2, weight_decay=0.01, bias_correction=False)
 
 
 def sgd():
     """SGD for the accumulation cases: parameters move linearly with the gradient, so they compare tightly."""
-    return optim.SGD(learning_rate=0.5)
+    return make_mlx_optimizer("sgd", 0.5)
 
 
 def tolist(params: dict) -> dict:

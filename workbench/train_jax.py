@@ -126,11 +126,9 @@ def lm_units(config) -> tuple[list[Callable], Callable, list[list[str]]]:
 def make_optimizer(spec) -> Any:
     """``optax.adamw(lr, weight_decay=spec.weight_decay)`` (MLX ``AdamW`` with bias correction:
     same betas, eps and decoupled decay) or ``optax.sgd(lr)``."""
-    import optax
+    from .adapters.jax import make_optimizer as make_jax_optimizer
 
-    if spec.optimizer == "adamw":
-        return optax.adamw(spec.learning_rate, weight_decay=spec.weight_decay)
-    return optax.sgd(spec.learning_rate)
+    return make_jax_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
 
 
 def _memory_stats(compiled) -> dict | None:

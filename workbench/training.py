@@ -163,8 +163,8 @@ def collective_count(report: dict) -> int:
 
 def _train_mlx(spec: RunSpec, handle) -> dict:
     import mlx.core as mx
-    import mlx.optimizers as optim
 
+    from .adapters.mlx import make_optimizer as make_mlx_optimizer
     from .adapters.mlx_accum import make_trainer, make_zero3_trainer
     from .adapters.mlx_fsdp import has_sum_scatter, optimizer_state_bytes
     from .data import make_markov_chain, rank_slice, sample_batch
@@ -178,8 +178,7 @@ def _train_mlx(spec: RunSpec, handle) -> dict:
     load_params(model, init_lm_params(cfg, spec.init_seed))
     if spec.precision == "bfloat16":
         model.set_dtype(mx.bfloat16)
-    opt = (optim.AdamW(spec.learning_rate, weight_decay=spec.weight_decay, bias_correction=True)
-           if spec.optimizer == "adamw" else optim.SGD(spec.learning_rate))
+    opt = make_mlx_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
     # Always ask for the norm (an infinite max_norm clips nothing) so every run records it.
     max_norm = spec.max_norm if spec.max_norm is not None else math.inf
     accum = dict(max_norm=max_norm, num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)

@@ -57,3 +57,22 @@ def spec_from_nnx(model_or_factory: Any, name: str | None = None, *, wrt: Any = 
         raise ValueError(f"spec_from_nnx needs an nnx.Module or a function building one, got {type(model_or_factory).__name__}.")
     state = nnx.state(model, wrt if wrt is not None else nnx.Param)
     return spec_from_jax(state, name=name or type(model).__name__)
+
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def make_optimizer(name: str, learning_rate: float, *, weight_decay: float = 0.0):
+    """The workbench's optax optimizer ``name``: ``"adamw"`` (``optax.adamw``: the same betas, eps, bias
+    correction and decoupled decay as MLX's ``AdamW(bias_correction=True)``) or ``"sgd"`` (``optax.sgd``).
+
+    Raises:
+        ValueError: an unknown ``name``.
+    """
+    import optax
+
+    if name == "adamw":
+        return optax.adamw(learning_rate, weight_decay=weight_decay)
+    if name == "sgd":
+        return optax.sgd(learning_rate)
+    raise ValueError(f"Unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}.")

@@ -35,3 +35,22 @@ def spec_from_mlx(model_or_tree: Any, name: str | None = None, *, trainable_only
             raise ValueError(f"Leaf '{path}' of the MLX tree is a {type(leaf).__name__}, not an mx.array.")
         items.append((path, leaf.shape, leaf.dtype))
     return spec_from_flat(items, name)
+
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def make_optimizer(name: str, learning_rate: float, *, weight_decay: float = 0.0, bias_correction: bool = True):
+    """The workbench's MLX optimizer ``name``: ``"adamw"`` (``optim.AdamW``; with ``bias_correction`` its
+    arithmetic is optax's ``adamw``) or ``"sgd"`` (``optim.SGD``, no momentum).
+
+    Raises:
+        ValueError: an unknown ``name``.
+    """
+    import mlx.optimizers as optim
+
+    if name == "adamw":
+        return optim.AdamW(learning_rate, weight_decay=weight_decay, bias_correction=bias_correction)
+    if name == "sgd":
+        return optim.SGD(learning_rate)
+    raise ValueError(f"Unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}.")
