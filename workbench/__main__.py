@@ -7,8 +7,9 @@
 ``build`` writes every notebook's HTML to ``<out>/html`` and the design-review deck to
 ``<out>/slides``, showing which notebook, cell and run it is on (a status line on a terminal, plain
 lines in a log). Runs are stored as they finish: an interrupted build, started again, skips them.
-A failure is one line (notebook, cell, run, error; the traceback goes to ``<out>/logs``), exit 1. ``slides`` exports the deck (default) or any notebooks as offline reveal.js
-decks; ``--static`` adds each figure as PNG and SVG and the deck as PDF (needs Chromium).
+A failure is one line (notebook, cell, run, error; the traceback goes to ``<out>/logs``), exit 1.
+``slides`` exports the deck (default) or any notebooks as offline reveal.js decks; ``--static``
+adds each figure as PNG and SVG and the deck as PDF (needs Chromium).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import sys
 from pathlib import Path
 
 
-def _print_deck(r) -> None:
-    print(f"{r.notebook.name}: {r.seconds:.1f} s -> {r.html} ({r.num_figures} figures; deck with assets "
-          f"{r.deck_bytes / 2**20:.1f} MiB)" + "".join(f"\n  {p}" for p in r.static))
+def _deck_line(r) -> str:
+    return (f"{r.notebook.name}: {r.seconds:.1f} s -> {r.html} ({r.num_figures} figures; deck with assets "
+            f"{r.deck_bytes / 2**20:.1f} MiB)" + "".join(f"\n  {p}" for p in r.static))
 
 
 def _build(args) -> int:
@@ -42,9 +43,8 @@ def _build(args) -> int:
         build_notebooks(args.out / "html", args.notebooks or None, small=args.small, full=args.full, progress=printer)
         if not args.notebooks or DECK_NOTEBOOK.resolve() in {p.resolve() for p in args.notebooks}:
             printer.message(f"deck: exporting {DECK_NOTEBOOK.name} as slides")
-            r = export_slides(DECK_NOTEBOOK, args.out / "slides", small=args.small, static=args.static)
-            printer.message(f"deck: {r.seconds:.1f} s -> {r.html} ({r.num_figures} figures; deck with assets "
-                            f"{r.deck_bytes / 2**20:.1f} MiB)" + "".join(f"\n  {p}" for p in r.static))
+            printer.message("deck: " + _deck_line(export_slides(DECK_NOTEBOOK, args.out / "slides", small=args.small,
+                                                                static=args.static)))
     except BuildError as err:
         printer.close()
         if args.debug and err.log is not None:
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
 
         for path in args.notebooks or [DECK_NOTEBOOK]:
             try:
-                _print_deck(export_slides(path, args.out, execute=args.execute, small=args.small, static=args.static,
-                                          theme=args.theme, hide_code=True if args.hide_code else None))
+                print(_deck_line(export_slides(path, args.out, execute=args.execute, small=args.small, static=args.static,
+                                          theme=args.theme, hide_code=True if args.hide_code else None)))
             except nbtools.BuildError as err:
                 print(f"workbench slides failed: {err}", file=sys.stderr)
                 return 130 if err.interrupted else 1

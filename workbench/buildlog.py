@@ -165,7 +165,7 @@ class ProgressPrinter:
     def _on_event(self, e: dict) -> None:
         s = self.state
         kind = e.get("event")
-        where = f"run {e['index']}/{e['runs']}" if e.get("index") is not None else "run"
+        where = self._where(e)
         if kind == "run_start":
             s.run, s.steps = e, {}
             steps = f", {e['steps']} steps" if e.get("steps") else ""
@@ -185,6 +185,11 @@ class ProgressPrinter:
             self._line(f"  {where} {e.get('label', '')}: {text}")
 
     @staticmethod
+    def _where(e: dict) -> str:
+        """``"run 3/14"`` inside a sweep, ``"run"`` outside one."""
+        return f"run {e['index']}/{e['runs']}" if e.get("index") is not None else "run"
+
+    @staticmethod
     def _steps_text(e: dict) -> str:
         text = f"step {e.get('done', 0)}/{e.get('steps', '?')}"
         if e.get("eta_run_s") is not None:
@@ -200,8 +205,7 @@ class ProgressPrinter:
         if s.cell is not None:
             parts.append(f"cell {s.cell + 1}/{s.num_cells}")
         if s.run:
-            where = f"run {s.run['index']}/{s.run['runs']}" if s.run.get("index") is not None else "run"
-            parts.append(f"{where} {s.run.get('label', '')}")
+            parts.append(f"{self._where(s.run)} {s.run.get('label', '')}")
             if s.steps and s.steps.get("steps"):
                 done, total = s.steps.get("done", 0), s.steps["steps"]
                 width = 20

@@ -31,7 +31,8 @@ class LiveProgress:
         self.run_id = run_id_for(spec.to_dict())
         self.steps_path = Path(runs_root) / self.run_id / "steps.jsonl"
         self.clock = clock or SweepClock(1)
-        self.label = run_label(spec)
+        self.eta: tuple[float | None, float | None] = (None, None)  # (run, sweep) seconds left
+        self.label = spec_label(spec)
         label = f"{spec.framework} {spec.strategy}"
         self.bar = widgets.IntProgress(value=0, min=0, max=spec.steps, description=label,
                                        style={"description_width": "120px"}, layout={"width": "60%"})
@@ -48,8 +49,8 @@ class LiveProgress:
         now = time.monotonic()
         if now - self.last_draw >= self.redraw_s or steps_done >= self.spec.steps:
             self.last_draw = now
+            self.eta = eta_run, eta_sweep = self.clock.eta(steps_done, self.spec.steps)
             self.redraw()
-            eta_run, eta_sweep = self.clock.eta(steps_done, self.spec.steps)
             if steps_done:
                 emit("run_steps", index=self.clock.index, runs=self.clock.num_runs,
                      done=min(steps_done, self.spec.steps), steps=self.spec.steps, eta_run_s=eta_run,
@@ -62,7 +63,7 @@ class LiveProgress:
         curve = pd.DataFrame(rows).groupby("step").loss.mean()
         with self.figure.batch_update():
             self.figure.data[0].x, self.figure.data[0].y = curve.index.tolist(), curve.tolist()
-        eta_run, eta_sweep = self.clock.eta(int(curve.index.max()) + 1, self.spec.steps)
+        eta_run, eta_sweep = self.eta
         eta = f", ~{format_duration(eta_run)} left" if eta_run is not None else ""
         if eta_sweep is not None and self.clock.num_runs > 1:
             eta += f" (sweep ~{format_duration(eta_sweep)})"
@@ -106,7 +107,7 @@ def all_done(outcomes: Iterable[RunOutcome]) -> bool:
     return bool(outcomes) and all(o.status in ("done", "skipped") for o in outcomes)
 
 
-def run_label(spec: RunSpec) -> str:
+def spec_label(spec: RunSpec) -> str:
     """A short name for a run in progress displays: framework, strategy and what sets it apart."""
     parts = [spec.framework, spec.strategy]
     if spec.precision != "float32":
