@@ -15,8 +15,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from workbench.launch import plan_launch, run_worker
-from workbench.slides import step_time_table
+from workbench.launch.plan import plan_launch, run_worker
+from workbench.publish.slides import step_time_table
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        ranks = run_worker(plan_launch(args.ranks), "workbench.mlx_step_bench", Path(tmp), "--steps", str(args.steps),
+        ranks = run_worker(plan_launch(args.ranks), "workbench.ranks.mlx_step_timing", Path(tmp), "--steps", str(args.steps),
                            "--hidden", str(args.hidden), "--layers", str(args.layers), timeout_s=1800)
     r0 = ranks[0]
     print(f"MLX ring backend, {args.ranks} ranks, {r0['num_params'] / 1e6:.1f}M parameters (fp32, AdamW), "

@@ -13,7 +13,7 @@ import statistics
 import time
 
 from workbench import MiB, plan_buckets, plan_shards
-from workbench.presets import get_preset
+from workbench.core.presets import get_preset
 
 
 def best_of(fn, repeat: int = 7) -> tuple[float, float]:
@@ -39,7 +39,7 @@ def bench_planning() -> None:
 
 
 def bench_explorer() -> None:
-    from workbench.widgets import build_layout_explorer
+    from workbench.views.widgets import build_layout_explorer
 
     explorer = build_layout_explorer("llama-3-70b", communication_size=32 * MiB, num_shards=8, layout="row")
     controls = explorer.controls

@@ -21,11 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.engines import start_engines
-from workbench.launch import plan_launch
-from workbench.runs_view import summarize_runs
-from workbench.runstore import RunStore, load_runs
-from workbench.training import RunSpec, StepWatchdog, _peak_memory_mlx, peak_rss_bytes
+from workbench.launch.driver import RunSpec, StepWatchdog, _peak_memory_mlx, peak_rss_bytes
+from workbench.launch.engines import start_engines
+from workbench.launch.plan import plan_launch
+from workbench.runs.store import RunStore, load_runs
+from workbench.studies.runs import summarize_runs
 
 
 def per_call_s(fn, n: int = 2000) -> float:

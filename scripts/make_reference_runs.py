@@ -2,9 +2,9 @@
 
 The deck (``notebooks/00_design_review.ipynb``) must build from a clean clone without training
 (nbval runs it first, before notebook 04 could have stored anything under the git-ignored
-``runs/``), so it reads these: real training runs through :func:`workbench.training.run_training`
+``runs/``), so it reads these: real training runs through :func:`workbench.launch.driver.run_training`
 on ipyparallel engines, two ranks each, identical weights and batches, as
-:data:`workbench.slides.REFERENCE_STORES` lists them (``convergence``: DDP, FSDP-row and FSDP-flat
+:data:`workbench.publish.slides.REFERENCE_STORES` lists them (``convergence``: DDP, FSDP-row and FSDP-flat
 in MLX ring and JAX gloo, ZeRO-3 in JAX, 100 steps; ``memory``: notebook 03's validation runs).
 Each record holds the memory its ranks measured. Regenerate them after a change to the training step:
 
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workbench.slides import REFERENCE_STORES, reference_runs_dir  # noqa: E402
-from workbench.training import RunSpec, run_training  # noqa: E402
+from workbench.launch.driver import RunSpec, run_training
+from workbench.publish.slides import REFERENCE_STORES, reference_runs_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from workbench.accumulation import accumulation_specs, expected_bytes, expected_collectives
-from workbench.training import RunSpec
+from workbench.launch.driver import RunSpec
+from workbench.studies.accumulation import accumulation_specs, expected_bytes, expected_collectives
 
 MODEL = dict(vocab_size=32, seq_len=16, dim=32, num_layers=2, num_heads=2, mlp_dim=64)
 
@@ -38,7 +38,7 @@ def test_every_micro_batch_multiplies_the_gradient_collectives_by_g(g):
 def test_bytes_follow_the_ring_formulas():
     total = 4 * (32 * 32 + 16 * 32 + 2 * (2 * 32 + 4 * 32 * 32 + 2 * 64 * 32) + 32 + 32 * 32)  # fp32 LM bytes
     s = spec(strategy="ddp")
-    from workbench.validation import run_model_spec
+    from workbench.runs.estimate import run_model_spec
 
     assert run_model_spec(s.to_dict()).nbytes == total
     assert expected_bytes(s) == total  # all-reduce: 2 (N-1)/N, N = 2
@@ -61,7 +61,7 @@ def test_a_single_rank_issues_no_collectives():
 
 
 def test_the_model_table_names_each_mode_and_the_phase_that_sets_the_peak():
-    from workbench.accumulation import accumulation_model_table
+    from workbench.studies.accumulation import accumulation_model_table
 
     specs = accumulation_specs(dict(num_ranks=2, global_batch=16, model=MODEL), frameworks=["mlx"],
                                strategies=["fsdp-row", "fsdp-full"], microbatches=[1, 4])

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 
 from workbench import plan_buckets, plan_shards
-from workbench.adapters.jax import spec_from_jax, spec_from_nnx
-from workbench.adapters.mlx import spec_from_mlx
+from workbench.adapters.jax.base import spec_from_jax, spec_from_nnx
+from workbench.adapters.mlx.base import spec_from_mlx
 
 MLX_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -101,9 +101,9 @@ def test_import_workbench_without_mlx_or_jax():
     code = (
         "import sys\n"
         "for m in ('mlx', 'mlx.core', 'jax', 'flax', 'optax'): sys.modules[m] = None\n"
-        "import workbench, workbench.presets\n"
+        "import workbench, workbench.core.presets\n"
         "from workbench import plan_buckets, plan_shards\n"
-        "p = plan_shards(plan_buckets(workbench.presets.get_preset('gpt2')), 8, 'flat')\n"
+        "p = plan_shards(plan_buckets(workbench.core.presets.get_preset('gpt2')), 8, 'flat')\n"
         "print(p.buckets.num_buckets)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -2,7 +2,10 @@
 
 
 def test_each_strategy_list_is_defined_once():
-    from workbench import comm, memory, strategies, training, validation
+    from workbench.core import strategies
+    from workbench.estimate import comm, memory
+    from workbench.launch import driver as training
+    from workbench.runs import estimate as validation
 
     assert comm.STRATEGIES is memory.STRATEGIES is strategies.MODEL_STRATEGIES
     assert training.STRATEGIES is strategies.RUN_STRATEGIES
@@ -15,7 +18,7 @@ def test_the_repository_root_is_computed_once():
     import ast
     from pathlib import Path
 
-    from workbench import paths
+    from workbench.core import paths
 
     assert (paths.REPO_ROOT / "pyproject.toml").is_file() and paths.NOTEBOOK_DIR.is_dir()
     for module in sorted((paths.REPO_ROOT / "workbench").rglob("*.py")):
@@ -26,19 +29,19 @@ def test_the_repository_root_is_computed_once():
             if isinstance(node, ast.Attribute) and node.attr == "parent" and isinstance(node.value, ast.Attribute) \
                     and node.value.attr == "parent":
                 raise AssertionError(f"{module.relative_to(paths.REPO_ROOT)}:{node.lineno} computes the repository root; "
-                                     "use workbench.paths")
-    assert Path(paths.__file__).parent.parent == paths.REPO_ROOT
+                                     "use workbench.core.paths")
+    assert Path(paths.__file__).parents[2] == paths.REPO_ROOT
 
 
 def test_sizes_are_written_with_the_units_of_workbench_units():
     import re
 
-    from workbench import paths
+    from workbench.core import paths
 
     literal = re.compile(r"\b\d+ \* 2 ?\*\* ?20\b")
     for module in sorted((paths.REPO_ROOT / "workbench").rglob("*.py")):
         hits = [i for i, line in enumerate(module.read_text().splitlines(), 1) if literal.search(line)]
-        assert not hits, f"{module.relative_to(paths.REPO_ROOT)} lines {hits}: write N * MiB (workbench.units)"
+        assert not hits, f"{module.relative_to(paths.REPO_ROOT)} lines {hits}: write N * MiB (workbench.core.units)"
 
 
 def test_one_optimizer_factory_per_framework():
@@ -46,8 +49,8 @@ def test_one_optimizer_factory_per_framework():
     import optax
     import pytest
 
-    from workbench.adapters import jax as jax_adapter
-    from workbench.adapters import mlx as mlx_adapter
+    from workbench.adapters.jax import base as jax_adapter
+    from workbench.adapters.mlx import base as mlx_adapter
 
     adamw = mlx_adapter.make_optimizer("adamw", 3e-3, weight_decay=0.1)
     assert isinstance(adamw, optim.AdamW) and adamw.bias_correction and adamw.weight_decay == 0.1

@@ -29,8 +29,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbench import MiB, plan_buckets, slides
-from workbench.presets import get_preset
+from workbench import MiB, plan_buckets
+from workbench.core.presets import get_preset
+from workbench.publish import slides
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts" / "browser"))

@@ -15,7 +15,7 @@ import time
 import nbformat
 import pytest
 
-from workbench.buildlog import ProgressPrinter, format_duration
+from workbench.publish.buildlog import ProgressPrinter, format_duration
 
 TINY = dict(vocab_size=32, seq_len=8, dim=16, num_layers=1, num_heads=2, mlp_dim=32)
 
@@ -30,8 +30,8 @@ def notebook(path, *sources):
 def sweep_notebook(path, steps, **run_kwargs):
     return notebook(
         path,
-        "from workbench.notebook import runs_dir, setup\nsettings = setup()",
-        "from workbench.progress import run_sweep\nfrom workbench.training import RunSpec\n"
+        "from workbench.publish.notebook import runs_dir, setup\nsettings = setup()",
+        "from workbench.views.progress import run_sweep\nfrom workbench.launch.driver import RunSpec\n"
         f"specs = [RunSpec(framework='mlx', strategy=s, num_ranks=2, steps={steps}, global_batch=4, model={TINY!r}) "
         "for s in ('ddp', 'fsdp-flat')]",
         f"outcomes = run_sweep(specs, runs_dir('build-test'), **{run_kwargs!r})",
@@ -146,7 +146,7 @@ def test_progress_printer_lines_and_status(tmp_path):
 
 @pytest.mark.parametrize("done, expected", [(1, (None, None)), (3, "pace")])
 def test_sweep_clock_estimates_from_the_pace_of_steps(done, expected):
-    from workbench.progress import SweepClock
+    from workbench.views.progress import SweepClock
 
     clock = SweepClock(num_runs=4)
     clock.run_started()
@@ -183,8 +183,8 @@ def test_a_terminal_gets_one_status_line_with_a_bar(tmp_path):
 
 
 def test_all_done_means_every_run_stored_and_done():
-    from workbench.progress import all_done
-    from workbench.training import RunOutcome
+    from workbench.launch.driver import RunOutcome
+    from workbench.views.progress import all_done
 
     assert all_done([RunOutcome("a", "done"), RunOutcome("b", "skipped")])
     assert not all_done([RunOutcome("a", "done"), RunOutcome("b", "failed", "rank 1 died", 1)])

@@ -3,18 +3,28 @@
 import numpy as np
 import pytest
 
-from workbench.buckets import plan_buckets
-from workbench.collectives import (KINDS, benchmark_spec, fit_links, load_collective_benchmarks,
-                                   run_collective_benchmark)
-from workbench.comm import AlphaBeta, bus_factor, estimate_comm, fit_alpha_beta
-from workbench.runstore import RunStore, load_runs
-from workbench.step_time import (comm_size_table, fig_collective_bandwidth, fig_comm_size_sweep, pr_step_table,
-                                 predict_sync_s)
-from workbench.training import RunSpec, run_training
-from workbench.runs_view import WARMUP_STEPS
-from workbench.strategies import MODEL_STRATEGY
-from workbench.units import MiB
-from workbench.validation import estimate_run_memory, run_model_spec
+from workbench.core.buckets import plan_buckets
+from workbench.core.strategies import MODEL_STRATEGY
+from workbench.core.units import MiB
+from workbench.estimate.comm import AlphaBeta, bus_factor, estimate_comm, fit_alpha_beta
+from workbench.launch.benchmark import (
+    KINDS,
+    benchmark_spec,
+    fit_links,
+    load_collective_benchmarks,
+    run_collective_benchmark,
+)
+from workbench.launch.driver import RunSpec, run_training
+from workbench.runs.estimate import estimate_run_memory, run_model_spec
+from workbench.runs.store import RunStore, load_runs
+from workbench.studies.runs import WARMUP_STEPS
+from workbench.studies.step_time import (
+    comm_size_table,
+    fig_collective_bandwidth,
+    fig_comm_size_sweep,
+    pr_step_table,
+    predict_sync_s,
+)
 
 SIZES = (2**12, 2**16, 2**26)  # up to 64 MiB: bandwidth dominates the largest even on a loaded CI machine
 TINY = dict(vocab_size=64, seq_len=16, dim=64, num_layers=2, num_heads=2, mlp_dim=128)

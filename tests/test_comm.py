@@ -4,9 +4,19 @@ import numpy as np
 import pytest
 
 from workbench import ModelSpec, plan_buckets, plan_shards
-from workbench.comm import (DEVICE_PRESETS, AlphaBeta, DeviceSpec, algbw, bus_factor, busbw, estimate_comm,
-                            fit_alpha_beta, ring_steps, tokens_per_device_compute_bound)
-from workbench.presets import get_preset
+from workbench.core.presets import get_preset
+from workbench.estimate.comm import (
+    DEVICE_PRESETS,
+    AlphaBeta,
+    DeviceSpec,
+    algbw,
+    bus_factor,
+    busbw,
+    estimate_comm,
+    fit_alpha_beta,
+    ring_steps,
+    tokens_per_device_compute_bound,
+)
 
 
 @pytest.fixture

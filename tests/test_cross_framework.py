@@ -1,6 +1,6 @@
 """MLX and JAX take the same step: same initial weights, same data, same updated parameters.
 
-The model is :mod:`workbench.mlx_worker`'s MLP (weights ``(d_out, d_in)`` used as
+The model is :mod:`workbench.ranks.mlx_fsdp_check`'s MLP (weights ``(d_out, d_in)`` used as
 ``h @ W.T + b``, exact-erf GELU between layers, float32 MSE), written once more in JAX
 below. Both sides start from the NumPy-seeded weights of ``build_params`` and read the
 global batches of ``mlx_worker.batch``. Tolerance: 1e-5 absolute on parameters of order 1;
@@ -24,9 +24,9 @@ import optax
 import pytest
 from jax.sharding import Mesh
 
-from workbench.adapters.jax_fsdp import make_fsdp_step
-from workbench.adapters.mlx_fsdp import fsdp_apply_gradients
-from workbench.mlx_worker import MODELS, batch, build_params, mlp_loss
+from workbench.adapters.jax.fsdp import make_fsdp_step
+from workbench.adapters.mlx.fsdp import fsdp_apply_gradients
+from workbench.ranks.mlx_fsdp_check import MODELS, batch, build_params, mlp_loss
 
 DIMS = MODELS["even"]  # (8, 16, 16, 4): every array divisible by 4 (row layout)
 SEED = 7

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.data import MarkovChain, entropy_rate_nats, make_markov_chain, rank_slice, sample_batch
+from workbench.models.data import MarkovChain, entropy_rate_nats, make_markov_chain, rank_slice, sample_batch
 
 
 @pytest.mark.parametrize("vocab_size, concentration", [(2, 1.0), (16, 0.1), (64, 0.5), (1500, 0.1)])

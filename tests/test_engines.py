@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from workbench.engines import EngineFailure, start_engines
-from workbench.launch import plan_launch as _plan_launch
+from workbench.launch.engines import EngineFailure, start_engines
+from workbench.launch.plan import plan_launch as _plan_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -96,7 +96,7 @@ def test_a_timeout_and_an_interrupt_stop_every_engine():
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
     import socket
 
-    from workbench.launch import ephemeral_port_range, free_ports
+    from workbench.launch.plan import ephemeral_port_range, free_ports
 
     low, high = ephemeral_port_range()
     assert 1024 <= low < high

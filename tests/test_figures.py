@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.presets import get_preset
 from workbench import MiB, ModelSpec, ParamSpec, format_bytes, plan_buckets, plan_shards
-from workbench import figures
-from workbench.figures import (
+from workbench.core.presets import get_preset
+from workbench.views import plans as figures
+from workbench.views.plans import (
     fig_bucket_layout,
     fig_buckets_vs_size,
     fig_layout_metrics,

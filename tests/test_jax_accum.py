@@ -15,10 +15,10 @@ import optax
 import pytest
 from jax.sharding import Mesh
 
-from workbench.adapters.jax_accum import compiled_program_counts, program_counts
-from workbench.adapters.jax_fsdp import make_ddp_step, make_fsdp_step
-from workbench.adapters.jax_zero3 import make_zero3_step
-from workbench.jax_worker import build_problem, make_optimizer, mlp_loss
+from workbench.adapters.jax.accum import compiled_program_counts, program_counts
+from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
+from workbench.adapters.jax.zero3 import make_zero3_step
+from workbench.ranks.jax_fsdp_check import build_problem, make_optimizer, mlp_loss
 
 N, STEPS, CAP, MAX_NORM = 4, 3, 600, 0.3  # CAP: 3 buckets of the MLP; MAX_NORM: clipping active
 STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "zero3-reshard", "zero3-keep")
@@ -168,7 +168,7 @@ def test_collective_counts_are_those_in_the_lowered_program(strategy):
 def test_xla_memory_plans_of_both_modes_on_a_small_lm():
     """XLA's ``memory_analysis().temp_size_in_bytes`` of the compiled FSDP and ZeRO-3 steps, G=4.
 
-    The model (``workbench.adapters.jax_accum``): deferral keeps an unsharded accumulator (P bytes)
+    The model (``workbench.adapters.jax.accum``): deferral keeps an unsharded accumulator (P bytes)
     where per-micro-batch sync keeps 1/N. What XLA's CPU plan of the unrolled loop does: deferral
     costs at most one unsharded gradient over G=1, as the model says; but the G micro-batches are
     independent in the dataflow graph, and XLA interleaves them (each op runs for all G side by side),
@@ -178,7 +178,7 @@ def test_xla_memory_plans_of_both_modes_on_a_small_lm():
     """
     from workbench.models.init import LMConfig, init_lm_params, num_params
     from workbench.models.jax_lm import make_loss_fn
-    from workbench.train_jax import lm_units
+    from workbench.ranks.train_jax import lm_units
 
     cfg = LMConfig(vocab_size=1024, seq_len=8, dim=256, num_layers=2, num_heads=4, mlp_dim=1024)
     grad_bytes = 4 * num_params(cfg)
@@ -231,8 +231,8 @@ def test_bad_inputs_are_refused_by_name():
 def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(tmp_path):
     """Real ipyparallel engines, two JAX processes over gloo: fsdp-row with G=2 per-micro-batch sync
     counts G reduce-scatters per bucket in every step row and matches the G=1 run's losses."""
-    from workbench.runstore import load_runs
-    from workbench.training import RunSpec, run_training
+    from workbench.launch.driver import RunSpec, run_training
+    from workbench.runs.store import load_runs
 
     tiny = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)
     specs = {g: RunSpec(framework="jax", strategy="fsdp-row", num_ranks=2, steps=3, global_batch=8, model=tiny,

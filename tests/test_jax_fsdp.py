@@ -24,10 +24,10 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from workbench.adapters.jax import spec_from_jax
-from workbench.adapters.jax_fsdp import make_ddp_step, make_fsdp_step
-from workbench.adapters.jax_zero3 import chain_units, fsdp_step, fsdp_step_sharded, make_zero3_step
-from workbench.jax_worker import build_problem, make_optimizer, mlp_loss
+from workbench.adapters.jax.base import spec_from_jax
+from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
+from workbench.adapters.jax.zero3 import chain_units, fsdp_step, fsdp_step_sharded, make_zero3_step
+from workbench.ranks.jax_fsdp_check import build_problem, make_optimizer, mlp_loss
 
 DEVICES = jax.devices()
 EVEN = (8, 16, 16, 8)  # every array divisible by 8 (row layout)

@@ -2,9 +2,9 @@
 
 FSDP (row and flat; SGD and AdamW with clipping) must equal DDP, and both must equal a
 single-process reference written out here. The ranks are started by the workbench's one
-launcher (:func:`~workbench.launch.plan_launch` + :func:`~workbench.launch.run_local`),
+launcher (:func:`~workbench.launch.plan.plan_launch` + :func:`~workbench.launch.plan.run_local`),
 which never hangs: a failing rank or a timeout stops every rank and raises
-:class:`~workbench.launch.LaunchError` with their output.
+:class:`~workbench.launch.plan.LaunchError` with their output.
 """
 
 import dataclasses
@@ -19,10 +19,10 @@ import numpy as np
 import optax
 import pytest
 
-from workbench.adapters.jax import spec_from_jax
-from workbench.buckets import plan_buckets
-from workbench.jax_worker import CONFIGS, bind_gloo_to, build_problem, make_optimizer, mlp_loss, parse_args
-from workbench.launch import LaunchError, plan_launch, run_local
+from workbench.adapters.jax.base import spec_from_jax
+from workbench.core.buckets import plan_buckets
+from workbench.launch.plan import LaunchError, plan_launch, run_local
+from workbench.ranks.jax_fsdp_check import CONFIGS, bind_gloo_to, build_problem, make_optimizer, mlp_loss, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -37,7 +37,7 @@ def jax_plan(num_processes: int = 2):
 
 def worker_argv(out_dir: Path, *extra: str) -> list[str]:
     """The same argv for every rank: coordinator, process count and id come from the plan's environment."""
-    return ["-m", "workbench.jax_worker", "--out", str(out_dir / "rank{process_id}.json"), "--steps", str(STEPS), *extra]
+    return ["-m", "workbench.ranks.jax_fsdp_check", "--out", str(out_dir / "rank{process_id}.json"), "--steps", str(STEPS), *extra]
 
 
 def reference_run(params, batch, opt_name, max_norm):

@@ -5,9 +5,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import ModelSpec, ParamSpec, plan_buckets, plan_shards
-from workbench.memory import (COMPONENTS, PHASES, STRATEGIES, UPDATE_COPIES, compare_estimators, compare_strategies,
-                              estimate_activation_bytes, estimate_memory, explain_qwen_3_7b, largest_unit_params)
-from workbench.presets import PRESETS, get_preset
+from workbench.core.presets import PRESETS, get_preset
+from workbench.estimate.memory import (
+    COMPONENTS,
+    PHASES,
+    STRATEGIES,
+    UPDATE_COPIES,
+    compare_estimators,
+    compare_strategies,
+    estimate_activation_bytes,
+    estimate_memory,
+    explain_qwen_3_7b,
+    largest_unit_params,
+)
 
 ZERO_PAPER = dict(param_dtype="float16", master_dtype="float32", optimizer="adam")
 
@@ -171,7 +181,7 @@ def test_param_dtype_defaults_to_spec():
 
 
 def test_non_finite_counts_name_the_knob():
-    from workbench.memory import estimate_memory
+    from workbench.estimate.memory import estimate_memory
 
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="num_shards"):
@@ -203,7 +213,7 @@ def test_backward_and_step_transients_do_not_add():
 
 
 # ----------------------------------------------------------------------------- gradient accumulation
-# The rows follow the MLX trainers (workbench.adapters.mlx_accum); their peaks are measured against
+# The rows follow the MLX trainers (workbench.adapters.mlx.accum); their peaks are measured against
 # these rows on real ranks in tests/test_mlx_zero3.py.
 
 

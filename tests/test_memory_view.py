@@ -6,11 +6,22 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from workbench.memory import PHASES, estimate_memory, explain_qwen_3_7b
-from workbench.presets import get_preset
-from workbench.memory_view import (UNITS, ZERO_FIGURE_1, build_memory_explorer, breakdown_summary,
-                                   estimate_breakdowns, estimator_table, fig_memory_breakdown, fig_memory_validation,
-                                   fig_qwen_gap, fig_zero_figure_1, peak_label, zero_figure_1_table)
+from workbench.core.presets import get_preset
+from workbench.estimate.memory import PHASES, estimate_memory, explain_qwen_3_7b
+from workbench.views.memory import (
+    UNITS,
+    ZERO_FIGURE_1,
+    breakdown_summary,
+    build_memory_explorer,
+    estimate_breakdowns,
+    estimator_table,
+    fig_memory_breakdown,
+    fig_memory_validation,
+    fig_qwen_gap,
+    fig_zero_figure_1,
+    peak_label,
+    zero_figure_1_table,
+)
 
 
 def bars(fig) -> dict[str, list[float]]:

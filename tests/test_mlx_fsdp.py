@@ -9,9 +9,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 from workbench import plan_buckets, plan_shards
-from workbench.adapters.mlx import spec_from_mlx
-from workbench.adapters.mlx_fsdp import fsdp_apply_gradients, optimizer_state_bytes
-from workbench.launch import LaunchError, plan_launch, run_local, run_worker
+from workbench.adapters.mlx.base import spec_from_mlx
+from workbench.adapters.mlx.fsdp import fsdp_apply_gradients, optimizer_state_bytes
+from workbench.launch.plan import LaunchError, plan_launch, run_local, run_worker
 
 # fp32: the 1e-6 relative (the ring sums in another order than MLX's all_sum, ~1e-7 apart).
 # bf16: 2 ulps (eps = 2**-7): the ring adds in bf16 hop by hop, MLX's all_sum in its own order.
@@ -22,7 +22,7 @@ RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
 def ring_run(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"mlx{n}")
-    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.mlx_worker", out,
+    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.ranks.mlx_fsdp_check", out,
                          timeout_s=240, workdir=out / "logs")
 
 
@@ -248,7 +248,7 @@ def test_launch_plans_wire_each_backend():
 
 
 def test_rows_follow_the_plan_they_are_given_even_when_plans_come_and_go():
-    from workbench.adapters.mlx_fsdp import bucket_row
+    from workbench.adapters.mlx.fsdp import bucket_row
 
     arrays = [mx.arange(8, dtype=mx.float32), mx.arange(8, 16, dtype=mx.float32)]
     spec = spec_from_mlx({"a": arrays[0], "b": arrays[1]})
@@ -260,8 +260,8 @@ def test_rows_follow_the_plan_they_are_given_even_when_plans_come_and_go():
 
 
 def test_caches_are_bounded_and_can_be_cleared():
-    from workbench.adapters import mlx_fsdp
-    from workbench.adapters.mlx_fsdp import bucket_row, clear_caches, get_plan
+    from workbench.adapters.mlx import fsdp as mlx_fsdp
+    from workbench.adapters.mlx.fsdp import bucket_row, clear_caches, get_plan
 
     clear_caches()
     params = [("w", mx.zeros((8,)))]

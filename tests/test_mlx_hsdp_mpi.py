@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from workbench.launch import plan_launch, run_worker
+from workbench.launch.plan import plan_launch, run_worker
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpirun") is None,
@@ -17,7 +17,7 @@ RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
 @pytest.fixture(scope="module")
 def mpi_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mpi")
-    return run_worker(plan_launch(4, framework="mlx", backend="mpi"), "workbench.mlx_worker", out, "--hsdp", "2",
+    return run_worker(plan_launch(4, framework="mlx", backend="mpi"), "workbench.ranks.mlx_fsdp_check", out, "--hsdp", "2",
                       timeout_s=300, workdir=out / "logs")
 
 

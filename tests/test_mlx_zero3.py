@@ -8,15 +8,23 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from workbench.adapters.mlx import spec_from_mlx
-from workbench.adapters.mlx_accum import make_trainer, make_zero3_trainer, split_microbatches
-from workbench.adapters.mlx_zero3 import shard_model
-from workbench.buckets import plan_buckets
-from workbench.launch import plan_launch, run_worker
-from workbench.memory import estimate_activation_bytes, estimate_memory
-from workbench.mlx_zero3_worker import (CUSTOM_UNITS, FSDP_BUCKET_BYTES, GLOBAL_BATCH, LARGE, NUM_MICROBATCHES, SMALL,
-                                        batch, build)
+from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer, split_microbatches
+from workbench.adapters.mlx.base import spec_from_mlx
+from workbench.adapters.mlx.zero3 import shard_model
+from workbench.core.buckets import plan_buckets
+from workbench.estimate.memory import estimate_activation_bytes, estimate_memory
+from workbench.launch.plan import plan_launch, run_worker
 from workbench.models.mlx_lm import MLXLM, lm_loss
+from workbench.ranks.mlx_zero3_check import (
+    CUSTOM_UNITS,
+    FSDP_BUCKET_BYTES,
+    GLOBAL_BATCH,
+    LARGE,
+    NUM_MICROBATCHES,
+    SMALL,
+    batch,
+    build,
+)
 
 MiB = 2**20
 # AdamW, fp32, 3 steps, relative to each array's largest magnitude. The ring sums in another
@@ -32,7 +40,7 @@ RTOL_SGD = 1e-6
 def ring_run(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"zero3-{n}")
-    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.mlx_zero3_worker", out,
+    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.ranks.mlx_zero3_check", out,
                          timeout_s=300, workdir=out / "logs")
 
 

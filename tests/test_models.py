@@ -12,10 +12,9 @@ import pytest
 from flax import nnx
 from mlx.utils import tree_flatten
 
-from workbench.adapters.jax import spec_from_nnx
-from workbench.adapters.mlx import spec_from_mlx
-from workbench.models import LMConfig, init_lm_params, lm_param_shapes, num_params
-from workbench.models import jax_lm, mlx_lm
+from workbench.adapters.jax.base import spec_from_nnx
+from workbench.adapters.mlx.base import spec_from_mlx
+from workbench.models import LMConfig, init_lm_params, jax_lm, lm_param_shapes, mlx_lm, num_params
 
 CONFIG = LMConfig(vocab_size=64, seq_len=16, dim=32, num_layers=2, num_heads=4, mlp_dim=64)
 # One layer: on CPU, XLA compiles of a gradient take seconds per layer.

@@ -3,10 +3,18 @@
 import plotly.graph_objects as go
 import pytest
 
-from workbench.memory import MODEL_STATES, estimate_memory
-from workbench.moe import (GB, expert_params, fig_moe_memory_vs_shards, fig_moe_rank_layout, moe_memory_table,
-                           moe_rank_layout, moe_summary, policy_label)
-from workbench.presets import get_preset
+from workbench.core.presets import get_preset
+from workbench.estimate.memory import MODEL_STATES, estimate_memory
+from workbench.studies.moe import (
+    GB,
+    expert_params,
+    fig_moe_memory_vs_shards,
+    fig_moe_rank_layout,
+    moe_memory_table,
+    moe_rank_layout,
+    moe_summary,
+    policy_label,
+)
 
 # tiny-moe (hidden 64, 2 blocks, 4 experts of width 128, vocab 256, untied head), by hand:
 EMBEDDING = 2 * 256 * 64  # embed_tokens and lm_head
@@ -173,7 +181,7 @@ def test_model_states_are_the_five_zero_terms():
 
 
 def test_deferred_sync_as_the_mixin_does_holds_the_experts_gathered_and_their_gradients_unsharded():
-    from workbench.moe import moe_accumulation_table
+    from workbench.studies.moe import moe_accumulation_table
 
     n = 4
     t = moe_accumulation_table("tiny-moe", n, 4, (None, 4), param_dtype="bfloat16")
@@ -195,7 +203,7 @@ def test_deferred_sync_as_the_mixin_does_holds_the_experts_gathered_and_their_gr
 
 
 def test_the_summary_table_has_a_row_per_preset_and_degree():
-    from workbench.moe import moe_summary_table
+    from workbench.studies.moe import moe_summary_table
 
     t = moe_summary_table(["tiny-moe"], 4, [1, 4])
     assert list(t["EP degree"]) == [1, 4] and (t.ratio > 0).all()

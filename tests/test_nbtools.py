@@ -4,12 +4,12 @@ import re
 
 import nbformat
 
-from workbench import nbtools
+from workbench.publish import nbtools
 
 
 def small_notebook(path):
     nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("from workbench.notebook import setup\nsettings = setup()"),
+        nbformat.v4.new_code_cell("from workbench.publish.notebook import setup\nsettings = setup()"),
         nbformat.v4.new_code_cell("import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2], y=[3, 4]))"),
         nbformat.v4.new_code_cell("go.Figure(go.Scatter(x=[1, 2], y=[5, 6], name='second'))"),
         nbformat.v4.new_code_cell("import ipywidgets\nipywidgets.IntSlider(3)"),

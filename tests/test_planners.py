@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import MiB, ModelSpec, ParamSpec, plan_buckets, plan_shards
-from workbench.buckets import BucketPolicy
+from workbench.core.buckets import BucketPolicy
 
 DTYPES = ["float32", "bfloat16", "float16"]
 

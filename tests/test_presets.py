@@ -1,4 +1,4 @@
-"""Tests for workbench.presets: shapes, order and counts of published architectures."""
+"""Tests for workbench.core.presets: shapes, order and counts of published architectures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.presets import (
+from workbench.core.presets import (
     PRESETS,
     ArchitectureConfig,
     build_spec,

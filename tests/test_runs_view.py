@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from workbench.progress import LiveProgress
-from workbench.runs_view import ddp_twin, fig_diff_to_ddp, fig_loss_curves, fig_step_time_memory, summarize_runs
-from workbench.runstore import RunStore, load_runs
-from workbench.training import RunSpec
+from workbench.launch.driver import RunSpec
+from workbench.runs.store import RunStore, load_runs
+from workbench.studies.runs import ddp_twin, fig_diff_to_ddp, fig_loss_curves, fig_step_time_memory, summarize_runs
+from workbench.views.progress import LiveProgress
 
 
 def store_run(store, spec, losses, *, step_times=(0.02, 0.03), peak=2**20, done=True):

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from workbench.runstore import RunStore, load_runs, run_id_for, sweep
+from workbench.runs.store import RunStore, load_runs, run_id_for, sweep
 
 SPEC = {"framework": "mlx", "strategy": "fsdp", "model": "tiny", "num_ranks": 2, "bucket_bytes": 2**20}
 META = {"versions": {"mlx": "0.32.0", "numpy": "2.4"}, "backend": "ring", "collective_path": "all_gather",

@@ -11,10 +11,10 @@ import nbformat
 import plotly.graph_objects as go
 import pytest
 
-from workbench import slides
 from workbench.__main__ import main
-from workbench.runs_view import summarize_runs
-from workbench.runstore import load_runs
+from workbench.publish import slides
+from workbench.runs.store import load_runs
+from workbench.studies.runs import summarize_runs
 
 PLOTLY_BANNER = re.compile(r"\* plotly\.js v\d+\.\d+\.\d+")
 
@@ -27,7 +27,7 @@ def demo_notebook(path, *, with_widgets=True):
     """A small notebook: math, a figure in a skipped cell, a figure on a slide, two kinds of widget."""
     cells = [
         nbformat.v4.new_markdown_cell("# Demo\n\nEntropy rate $-\\sum_i \\pi_i \\sum_j P_{ij} \\log P_{ij}$."),
-        nbformat.v4.new_code_cell("from workbench.notebook import setup\nsettings = setup()\n"
+        nbformat.v4.new_code_cell("from workbench.publish.notebook import setup\nsettings = setup()\n"
                                   "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2], y=[3, 4]))",
                                   metadata={"slideshow": {"slide_type": "skip"}}),
         nbformat.v4.new_markdown_cell("## A figure", metadata={"slideshow": {"slide_type": "slide"}}),
@@ -175,7 +175,7 @@ def reference():
 
 @pytest.fixture(scope="module")
 def validation():
-    from workbench.validation import memory_validation
+    from workbench.runs.estimate import memory_validation
 
     return memory_validation(load_runs(slides.reference_runs_dir("memory")))
 
@@ -216,7 +216,7 @@ def test_reference_memory_runs_hold_half_the_optimizer_state_and_meet_the_model(
 
 
 def test_key_numbers_are_computed_from_their_sources(validation):
-    from workbench.memory import explain_qwen_3_7b
+    from workbench.estimate.memory import explain_qwen_3_7b
 
     gap = explain_qwen_3_7b()
     numbers = slides.key_numbers(gap, validation)

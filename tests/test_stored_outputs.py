@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.figures import TEMPLATE
-from workbench.notebook import FIGURE_DIGITS, reader_json
+from workbench.publish.notebook import FIGURE_DIGITS, reader_json
+from workbench.views.plans import TEMPLATE
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))

@@ -7,8 +7,8 @@ batches from the same init, so each must reproduce DDP's loss curve step for ste
 import numpy as np
 import pytest
 
-from workbench.runstore import load_runs
-from workbench.training import RunSpec, run_training
+from workbench.launch.driver import RunSpec, run_training
+from workbench.runs.store import load_runs
 
 TINY = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)
 STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")
@@ -70,7 +70,7 @@ def test_rank_summaries_name_the_collective_path(jax_runs):
 def num_buckets(run_spec):
     """Buckets of the core's plan for this run's model, in JAX's flatten order."""
     from workbench import plan_buckets
-    from workbench.adapters.jax import spec_from_jax
+    from workbench.adapters.jax.base import spec_from_jax
     from workbench.models.init import init_lm_params
 
     params = init_lm_params(run_spec.config, run_spec.init_seed)
@@ -78,7 +78,7 @@ def num_buckets(run_spec):
 
 
 def test_the_collective_path_is_read_from_the_lowered_program():
-    from workbench.train_jax import observed_collective_path
+    from workbench.ranks.train_jax import observed_collective_path
 
     assert observed_collective_path('%1 = "stablehlo.reduce_scatter"(%0)', 2) == "psum_scatter"
     assert observed_collective_path('%1 = "stablehlo.all_reduce"(%0)', 2) == "psum"

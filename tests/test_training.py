@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from workbench.runstore import load_runs
-from workbench.training import RunSpec, run_training
+from workbench.launch.driver import RunSpec, run_training
+from workbench.runs.store import load_runs
 
 TINY = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)
 
@@ -156,7 +156,7 @@ def test_the_backends_capabilities_are_recorded_with_the_run(mlx_runs):
 
 
 def test_the_accumulation_table_matches_the_collective_model_on_every_run(mlx_runs, accum_runs):
-    from workbench.accumulation import accumulation_table
+    from workbench.studies.accumulation import accumulation_table
 
     root, _ = mlx_runs
     table = accumulation_table(load_runs(root))
@@ -177,8 +177,8 @@ def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch
     the MLX ring's); the run must relaunch on fresh ports and finish."""
     import socket
 
-    import workbench.engines as engines
-    from workbench.launch import free_ports, plan_launch
+    import workbench.launch.engines as engines
+    from workbench.launch.plan import free_ports, plan_launch
 
     plans = []
 
@@ -201,7 +201,7 @@ def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch
 
 
 def test_a_port_clash_is_told_apart_from_other_failures():
-    from workbench.engines import is_port_clash
+    from workbench.launch.engines import is_port_clash
 
     assert is_port_clash("rank 0 failed (JaxRuntimeError): [0:apply] JaxRuntimeError: UNKNOWN: Failed to start RPC server")
     assert is_port_clash("E1123 add_port.cc:83] Failed to add port to server: No address added out of total 1")

@@ -2,12 +2,18 @@
 
 import pytest
 
-from workbench.memory import PHASES
-from workbench.runstore import load_runs
-from workbench.training import RunSpec, run_training
-from workbench.validation import (COMPONENT_TOLERANCE, PEAK_TOLERANCE, VALIDATION_MODEL, estimate_run_memory,
-                                  memory_validation, memory_validation_summary, spec_from_row)
-
+from workbench.estimate.memory import PHASES
+from workbench.launch.driver import RunSpec, run_training
+from workbench.runs.estimate import (
+    COMPONENT_TOLERANCE,
+    PEAK_TOLERANCE,
+    VALIDATION_MODEL,
+    estimate_run_memory,
+    memory_validation,
+    memory_validation_summary,
+    spec_from_row,
+)
+from workbench.runs.store import load_runs
 
 
 def spec(framework, strategy, **kw):

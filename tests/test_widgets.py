@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from workbench.presets import get_preset
 from workbench import MiB, ModelSpec, plan_buckets
-from workbench.figures import fig_bucket_layout, fig_layout_metrics, fig_rank_load, fig_shard_map
-from workbench.widgets import FIGURES, build_layout_explorer
+from workbench.core.presets import get_preset
+from workbench.views.plans import fig_bucket_layout, fig_layout_metrics, fig_rank_load, fig_shard_map
+from workbench.views.widgets import FIGURES, build_layout_explorer
 
 
 def medium_spec(extra: dict | None = None) -> ModelSpec:

@@ -4,10 +4,10 @@ The core (specs, buckets, shards, units) needs only NumPy. Framework adapters li
 ``workbench.adapters`` and import MLX or JAX only when called.
 """
 
-from .buckets import POLICIES, BucketPlan, BucketPolicy, plan_buckets
-from .shards import LAYOUTS, ShardPlan, ShardSlice, plan_shards
-from .specs import DTYPE_BYTES, ModelSpec, ParamSpec, canonical_dtype
-from .units import GiB, KiB, MiB, format_bytes, readable
+from workbench.core.buckets import POLICIES, BucketPlan, BucketPolicy, plan_buckets
+from workbench.core.shards import LAYOUTS, ShardPlan, ShardSlice, plan_shards
+from workbench.core.specs import DTYPE_BYTES, ModelSpec, ParamSpec, canonical_dtype
+from workbench.core.units import GiB, KiB, MiB, format_bytes, readable
 
 __version__ = "0.1.0"
 

@@ -27,9 +27,9 @@ def _deck_line(r) -> str:
 def _build(args) -> int:
     import time
 
-    from .buildlog import ProgressPrinter, format_duration
-    from .nbtools import BuildError, build_notebooks
-    from .slides import DECK_NOTEBOOK, export_slides
+    from workbench.publish.buildlog import ProgressPrinter, format_duration
+    from workbench.publish.nbtools import BuildError, build_notebooks
+    from workbench.publish.slides import DECK_NOTEBOOK, export_slides
 
     missing = [str(p) for p in args.notebooks if not p.is_file()]
     if missing:
@@ -87,12 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     refresh.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args(argv)
 
-    from . import nbtools
+    from workbench.publish import nbtools
 
     if args.command == "build":
         return _build(args)
     if args.command == "slides":
-        from .slides import DECK_NOTEBOOK, export_slides
+        from workbench.publish.slides import DECK_NOTEBOOK, export_slides
 
         for path in args.notebooks or [DECK_NOTEBOOK]:
             try:

@@ -5,6 +5,6 @@ framework modules (:mod:`workbench.models.mlx_lm`, :mod:`workbench.models.jax_lm
 import MLX or JAX and are loaded only when imported by name.
 """
 
-from .init import LMConfig, init_lm_params, lm_param_shapes, num_params
+from workbench.models.init import LMConfig, init_lm_params, lm_param_shapes, num_params
 
 __all__ = ["LMConfig", "init_lm_params", "lm_param_shapes", "num_params"]

@@ -15,7 +15,7 @@ applied as ``x @ W.T``.
 
 Sharding constraint: every array has ``dim`` as a factor of its size (vectors are
 ``(dim,)``, matrices ``(*, dim)`` or ``(dim, *)``), so when ``dim % N == 0`` every size is
-divisible by N and the ``"row"`` shard layout (:mod:`workbench.shards`) needs no padding for
+divisible by N and the ``"row"`` shard layout (:mod:`workbench.core.shards`) needs no padding for
 N ranks. Any ``dim`` that is a multiple of 8 therefore works up to 8 ranks.
 """
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .init import RMS_NORM_EPS, LMConfig, init_lm_params, lm_param_shapes
+from workbench.models.init import RMS_NORM_EPS, LMConfig, init_lm_params, lm_param_shapes
 
 __all__ = ["JaxLM", "lm_logits_fn", "lm_loss_fn", "load_params", "make_loss_fn", "params_from_model"]
 

@@ -2,7 +2,7 @@
 
 ``tree_flatten(MLXLM(config).trainable_parameters())`` lists exactly the paths of
 :func:`~workbench.models.init.init_lm_params`, in the same order, so
-``workbench.adapters.mlx.spec_from_mlx(model)`` and MLX FSDP steps walk that order.
+``workbench.adapters.mlx.base.spec_from_mlx(model)`` and MLX FSDP steps walk that order.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .init import RMS_NORM_EPS, LMConfig
+from workbench.models.init import RMS_NORM_EPS, LMConfig
 
 __all__ = ["MLXLM", "load_params", "lm_loss"]
 

@@ -1,0 +1,321 @@
+"""MLX training steps with gradient accumulation: sync every micro-batch, or once per step (deferred).
+
+With G micro-batches per step, a naive data-parallel step synchronises each micro-batch's
+gradient (DDP: G all-reduces per bucket; FSDP: G reduce-scatters per bucket; full
+sharding: G gathers and reduce-scatters per unit); the deferred mode (NeMo Automodel's
+``prepare_for_grad_accumulation`` / ``prepare_for_final_backward``) accumulates local
+gradients and synchronises once, after the final micro-batch. Both give the step of one
+large batch (equal micro-batches, mean losses): the gradient is ``sum / (G * N)``.
+
+Memory: deferral keeps an unsharded gradient accumulator (FSDP, full sharding) and, under
+full sharding, every unit's gathered weights for the whole step; the per-micro-batch
+accumulator is this rank's 1/N. DDP's is full in both modes. Accumulation is in the
+gradient's dtype.
+
+DDP and FSDP are built on :func:`~workbench.adapters.mlx.fsdp.ddp_apply_gradients`,
+:func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients` (deferred) and
+:func:`~workbench.adapters.mlx.fsdp.shard_gradients` (per micro-batch); full sharding is
+:mod:`workbench.adapters.mlx.zero3`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+
+from workbench.adapters.mlx.fsdp import (
+    REDUCE_SCATTER_PATHS,
+    apply_gradient_shards,
+    clip_by_global_norm,
+    ddp_apply_gradients,
+    fsdp_apply_gradients,
+    get_plan,
+    has_sum_scatter,
+    shard_gradients,
+)
+from workbench.adapters.mlx.zero3 import Zero3Model, shard_model
+from workbench.core.units import MiB
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+def check_microbatches(num_microbatches: int, defer_sync: bool, max_norm: float | None) -> None:
+    """Raise ``ValueError`` naming the knob if ``num_microbatches``, ``defer_sync`` or ``max_norm`` is invalid."""
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be an integer >= 1, got {num_microbatches!r}.")
+    if not isinstance(defer_sync, bool):
+        raise ValueError(f"defer_sync must be True or False, got {defer_sync!r}.")
+    if max_norm is not None and not max_norm > 0:
+        raise ValueError(f"max_norm must be positive (or None), got {max_norm!r}.")
+
+
+def split_microbatches(batch: tuple, num_microbatches: int) -> list[tuple]:
+    """Split every array of ``batch`` along axis 0 into ``num_microbatches`` equal, consecutive parts.
+
+    Raises:
+        ValueError: if an array's leading size is not divisible by ``num_microbatches``, naming both.
+    """
+    g = num_microbatches
+    for i, a in enumerate(batch):
+        if a.ndim == 0 or a.shape[0] % g:
+            raise ValueError(f"num_microbatches={g} must divide the local batch: argument {i} has shape "
+                             f"{tuple(a.shape)}, whose axis 0 is not divisible by {g}.")
+    return [tuple(a[k * (a.shape[0] // g):(k + 1) * (a.shape[0] // g)] for a in batch) for k in range(g)]
+
+
+def ring_transport(path: str, num_ranks: int) -> str | None:
+    """How the workbench ring moves a reduce-scatter (as ``fsdp_apply_gradients`` reports it), else ``None``."""
+    if path not in ("ring", "send_recv") or num_ranks < 2:
+        return None
+    return "all_gather exchange" if num_ranks == 2 and path == "ring" else "send/recv"
+
+
+def _accumulate(value_and_grad: Callable, model: Any, micro_batches: list, sync: Callable | None):
+    """Sum over micro-batches of ``sync(grads)`` (or of the local grads).
+
+    Returns ``(mean loss, sum, seconds spent in sync)``: each micro-batch's backward is evaluated
+    before its sync starts (its activations are freed before the sync's buffers appear), and the
+    sync is evaluated on its own, so its time is the collectives' (and their packing's) alone.
+    """
+    acc, losses, sync_s = None, [], 0.0
+    for micro in micro_batches:
+        loss, grads = value_and_grad(model, *micro)
+        if sync is not None:
+            mx.eval(loss, grads)
+            t0 = time.perf_counter()
+            grads = sync(grads)
+            mx.eval(grads)
+            sync_s += time.perf_counter() - t0
+        acc = grads if acc is None else tree_map(mx.add, acc, grads)
+        losses.append(loss)
+        mx.eval(acc, loss)
+    return mx.mean(mx.stack(losses)), acc, sync_s
+
+
+class AccumTrainer:
+    """A DDP or FSDP (no parameter sharding) step over G micro-batches; build it with :func:`make_trainer`.
+
+    Attributes:
+        report: The last step's collectives, as the step issues them (buckets times syncs):
+            ``num_all_sums`` (DDP buckets, clipping), ``num_reduce_scatters`` /
+            ``num_all_gathers`` (FSDP buckets; one reduce-scatter is one collective whatever its
+            transport), ``num_buckets``, and ``sync_time_s`` (seconds in the syncs: inside the
+            micro-batch loop when every micro-batch syncs, plus the step's own sync and update).
+        phase_hook: If set, called with ``"accumulated"`` once the micro-batch loop is
+            evaluated and ``"updated"`` at the end of the step (e.g. to read peak memory per phase).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: Any, group: mx.distributed.Group, *, strategy: str,
+                 num_microbatches: int, defer_sync: bool, communication_size: int, layout: str,
+                 reduce_scatter: str, max_norm: float | None):
+        self.model, self.optimizer, self.group, self.strategy = model, optimizer, group, strategy
+        self.num_microbatches, self.defer_sync, self.max_norm = num_microbatches, defer_sync, max_norm
+        self.communication_size, self.layout = communication_size, layout
+        self.path = reduce_scatter if reduce_scatter != "auto" else (
+            "sum_scatter" if group.size() > 1 and has_sum_scatter(group) else "ring")
+        self.report: dict = {}
+        self.phase_hook: Callable[[str], None] | None = None
+
+    def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
+        """One optimizer step over ``batch`` (this rank's part), split into G micro-batches.
+
+        Args:
+            loss_fn: ``loss_fn(model, *micro_batch) -> scalar`` mean loss.
+            batch: Arrays whose axis 0 is this rank's batch (divisible by G).
+
+        Returns:
+            ``(loss, grad_norm)``: this rank's mean loss over the micro-batches, and the global
+            norm of the averaged gradient before clipping (``None`` without ``max_norm``).
+        """
+        g, n, model = self.num_microbatches, self.group.size(), self.model
+        micro_batches = split_microbatches(batch, g)
+        per_micro = g > 1 and not self.defer_sync
+        params = model.trainable_parameters()
+        plan = get_plan(tree_flatten(params), self.communication_size, n, self.layout)
+        value_and_grad, scale = nn.value_and_grad(model, loss_fn), 1.0 / g
+        if self.strategy == "ddp":
+            sync = (lambda gr: nn.average_gradients(gr, group=self.group, all_reduce_size=self.communication_size)) \
+                if per_micro else None
+            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, sync)
+            self._phase("accumulated")
+            t_acc = time.perf_counter()
+            acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
+            norm = None
+            if not per_micro:
+                res = ddp_apply_gradients(acc, params, self.optimizer, self.group, self.communication_size,
+                                          max_norm=self.max_norm)
+                new, norm = res if self.max_norm is not None else (res, None)
+            else:
+                if self.max_norm is not None:  # already averaged: the norm is local
+                    clipped, norm = clip_by_global_norm(dict(tree_flatten(acc)), self.max_norm)
+                    acc = tree_unflatten(list(clipped.items()))
+                new = self.optimizer.apply_gradients(acc, params)
+        elif per_micro:  # reduce-scatter every micro-batch, accumulate this rank's shards
+            sync = lambda gr: shard_gradients(tree_flatten(gr), plan, self.group, None, self.path)  # noqa: E731
+            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, sync)
+            self._phase("accumulated")
+            t_acc = time.perf_counter()
+            shards = {k: v * scale for k, v in acc.items()}
+            del acc  # apply_gradient_shards releases each bucket's shard once gathered
+            updated, norm = apply_gradient_shards(shards, tree_flatten(params), plan, self.optimizer, self.group,
+                                                  self.max_norm)
+            new = tree_unflatten(updated)
+        else:  # deferred: accumulate full local gradients, then the ordinary FSDP step once
+            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, None)
+            self._phase("accumulated")
+            t_acc = time.perf_counter()
+            acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
+            res = fsdp_apply_gradients(acc, params, self.optimizer, self.group, None, self.communication_size,
+                                       None, self.max_norm, self.layout, reduce_scatter=self.path)
+            new, norm = res if self.max_norm is not None else (res, None)
+        model.update(new)
+        mx.eval(model.parameters(), self.optimizer.state, loss, *([norm] if norm is not None else []))
+        b = plan.buckets.num_buckets if n > 1 else 0
+        syncs, clip = (g if per_micro else 1), int(self.max_norm is not None and n > 1)
+        fsdp = self.strategy == "fsdp"
+        self.report = dict(strategy=self.strategy, num_microbatches=g, defer_sync=self.defer_sync,
+                           num_buckets=plan.buckets.num_buckets, reduce_scatter_path=self.path if fsdp else None,
+                           ring_transport=ring_transport(self.path, n) if fsdp else None,
+                           num_all_sums=clip if fsdp else syncs * b, num_reduce_scatters=syncs * b if fsdp else 0,
+                           num_all_gathers=b if fsdp else 0,
+                           sync_time_s=sync_s + time.perf_counter() - t_acc)
+        self._phase("updated")
+        return loss, norm
+
+    def _phase(self, name: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(name)
+
+
+class Zero3Trainer:
+    """A full-sharding step over G micro-batches; build it with :func:`make_zero3_trainer`.
+
+    Attributes:
+        model: The :class:`~workbench.adapters.mlx.zero3.Zero3Model`; its trainable parameters are this rank's rows.
+        report: The last step's ``num_all_gathers``, ``num_reduce_scatters``, ``num_all_sums``
+            and bytes sent per rank, counted as the collectives were issued.
+        phase_hook: As in :class:`AccumTrainer`.
+    """
+
+    def __init__(self, model: Zero3Model, optimizer: Any, *, max_norm: float | None, num_microbatches: int,
+                 defer_sync: bool):
+        self.model, self.optimizer, self.max_norm = model, optimizer, max_norm
+        self.num_microbatches, self.defer_sync = num_microbatches, defer_sync
+        self.report: dict = {}
+        self.phase_hook: Callable[[str], None] | None = None
+
+    def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
+        """One optimizer step, as :meth:`AccumTrainer.step`.
+
+        Per-micro-batch sync gathers and reduce-scatters every unit in every micro-batch (with
+        ``reshard_after_forward``, gathers twice), accumulating 1/N rows; deferred sync gathers
+        every unit once, keeps the full weights for all G micro-batches, accumulates full local
+        gradients and reduce-scatters each unit once, after the final micro-batch.
+        """
+        z, g = self.model, self.num_microbatches
+        n, defer = z.comm.group.size(), self.defer_sync and g > 1
+        micro_batches = split_microbatches(batch, g)
+        z.comm.take()
+        if defer:
+            z.set_full(True)
+        try:
+            loss, acc, _ = _accumulate(nn.value_and_grad(z, loss_fn), z, micro_batches, None)
+            self._phase("accumulated")
+        finally:
+            z.set_full(False)
+        if defer:
+            flat = dict(tree_flatten(acc))
+            for unit, where in zip(z.units, z.unit_paths()):
+                keys = [f"{where}.module.{p}" if where else f"module.{p}" for p in unit._z.paths]
+                flat.update(zip(keys, unit.scatter([flat[k] for k in keys], 1.0 / (n * g))))
+            acc = tree_unflatten(list(flat.items()))
+        elif g > 1:
+            acc = tree_map(lambda a: a * (1.0 / g), acc)
+        mx.eval(acc)  # a deferred full accumulator is freed here, before the update
+        norm = None
+        if self.max_norm is not None:
+            clipped, norm = clip_by_global_norm(dict(tree_flatten(acc)), self.max_norm, z.comm.group)
+            acc = tree_unflatten(list(clipped.items()))
+        self.optimizer.update(z, acc)
+        mx.eval(z.parameters(), self.optimizer.state, loss, *([norm] if norm is not None else []))
+        self.report = dict(strategy="full", num_microbatches=g, defer_sync=self.defer_sync, num_units=len(z.units),
+                           num_resharded_units=sum(u.reshards for u in z.units),
+                           reduce_scatter_path=z.comm.path, ring_transport=ring_transport(z.comm.path, n),
+                           num_all_gathers=0, num_reduce_scatters=0,
+                           num_all_sums=int(self.max_norm is not None and n > 1)) | z.comm.take()
+        self._phase("updated")
+        return loss, norm
+
+    def _phase(self, name: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(name)
+
+    def full_parameters(self) -> dict[str, mx.array]:
+        """``{original path: full array}`` of the model (gathered; for checks and checkpoints)."""
+        return self.model.full_parameters()
+
+
+def make_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group | None = None, *,
+                 strategy: str = "ddp", num_microbatches: int = 1, defer_sync: bool = True,
+                 communication_size: int = 32 * MiB, layout: str = "row", reduce_scatter: str = "auto",
+                 max_norm: float | None = None) -> AccumTrainer:
+    """A DDP or FSDP (no parameter sharding) training step with gradient accumulation.
+
+    Args:
+        model: The ``mlx.nn.Module`` (full parameters, identical on every rank).
+        optimizer: An MLX optimizer; under FSDP its state covers this rank's 1/N shards.
+        group: Default: the global group.
+        strategy: ``"ddp"`` or ``"fsdp"``.
+        num_microbatches: G, micro-batches per optimizer step (each rank's batch split along axis 0).
+        defer_sync: With G > 1: accumulate local gradients and synchronise once per step (True,
+            1 collective per bucket) or synchronise every micro-batch (False, G per bucket).
+        communication_size: Bucket cap in bytes (MLX's rule). Default: 32 MiB.
+        layout: FSDP shard layout, ``"row"`` or ``"flat"``.
+        reduce_scatter: FSDP reduce-scatter path, as in :func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients`.
+        max_norm: Clip the averaged gradient to this global norm, if given.
+
+    Raises:
+        ValueError: on an unknown strategy, layout or path, or an invalid knob (named).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {strategy!r}; make_trainer supports {', '.join(STRATEGIES)} "
+                         "(full sharding: make_zero3_trainer).")
+    check_microbatches(num_microbatches, defer_sync, max_norm)
+    if layout not in ("row", "flat"):
+        raise ValueError(f"Unknown layout {layout!r}; choose 'row' or 'flat'.")
+    if reduce_scatter not in REDUCE_SCATTER_PATHS:
+        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_PATHS)}.")
+    return AccumTrainer(model, optimizer, group or mx.distributed.init(), strategy=strategy,
+                        num_microbatches=num_microbatches, defer_sync=defer_sync, communication_size=communication_size,
+                        layout=layout, reduce_scatter=reduce_scatter, max_norm=max_norm)
+
+
+def make_zero3_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group | None = None, *,
+                       units: list[str] | None = None, reshard_after_forward: bool = True,
+                       reduce_scatter: str = "auto", max_norm: float | None = None, num_microbatches: int = 1,
+                       defer_sync: bool = True) -> Zero3Trainer:
+    """Shard ``model`` in place (:func:`~workbench.adapters.mlx.zero3.shard_model`) and return its trainer.
+
+    Args:
+        model, group, units, reshard_after_forward, reduce_scatter: As in ``shard_model``.
+        optimizer: An MLX optimizer; its state is created for this rank's rows only (1/N).
+        max_norm, num_microbatches, defer_sync: As in :func:`make_trainer`.
+
+    Usage::
+
+        trainer = make_zero3_trainer(MLXLM(cfg), optim.AdamW(1e-3), num_microbatches=4)
+        loss, grad_norm = trainer.step(lm_loss, inputs, targets)
+        params = trainer.full_parameters()
+
+    Raises:
+        ValueError: on an invalid knob (named), a unit that is no submodule, or a parameter
+            whose size the group size does not divide (by path and shape).
+    """
+    check_microbatches(num_microbatches, defer_sync, max_norm)
+    z = shard_model(model, group, units=units, reshard_after_forward=reshard_after_forward,
+                    reduce_scatter=reduce_scatter)
+    return Zero3Trainer(z, optimizer, max_norm=max_norm, num_microbatches=num_microbatches, defer_sync=defer_sync)

@@ -1,0 +1,214 @@
+"""Parameter specs: what a planner needs to know about a model, and nothing more.
+
+A :class:`ParamSpec` is one array of a model by path, shape and dtype. A
+:class:`ModelSpec` is the ordered collection of them, in the order the framework
+flattens the model (``mlx.utils.tree_flatten`` for MLX, ``jax.tree_util`` for
+JAX), which is the order bucket planners walk.
+
+Pure: standard library and NumPy only. Framework adapters (``workbench.adapters``)
+and architecture presets (``workbench.core.presets``) build these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+#: Bytes per element of every dtype the workbench knows, by canonical name.
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "complex64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint64": 8,
+    "uint32": 4,
+    "uint16": 2,
+    "uint8": 1,
+    "bool": 1,
+}
+
+_DTYPE_ALIASES = {
+    "fp64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "bool_": "bool",
+}
+
+
+def canonical_dtype(dtype: object, path: str | None = None) -> str:
+    """Return the canonical name of ``dtype`` (e.g. ``"bfloat16"``).
+
+    Accepts a name (``"bf16"``, ``"float32"``), a NumPy dtype, an MLX dtype
+    (``mlx.core.bfloat16`` prints as ``"mlx.core.bfloat16"``) or a JAX dtype.
+
+    Raises:
+        ValueError: if the dtype is unknown; the message names ``path``.
+    """
+    name = getattr(dtype, "name", None)
+    if not isinstance(name, str):
+        name = str(dtype)
+    name = name.rsplit(".", 1)[-1].strip().lower()
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPE_BYTES:
+        where = f" of parameter '{path}'" if path else ""
+        raise ValueError(
+            f"Unknown dtype {dtype!r}{where}; known dtypes: {', '.join(sorted(DTYPE_BYTES))}."
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter array of a model.
+
+    Attributes:
+        path: Dotted path, e.g. ``"model.layers.3.self_attn.q_proj.weight"``.
+        shape: Array shape, a tuple of non-negative ints (``()`` for a scalar).
+        dtype: Canonical dtype name (see :data:`DTYPE_BYTES`).
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError(f"Parameter path must be a non-empty string, got {self.path!r}.")
+        try:
+            shape = tuple(int(d) for d in self.shape)
+        except TypeError as err:
+            raise ValueError(f"Parameter '{self.path}' has a shape that is not a sequence of ints: {self.shape!r}.") from err
+        if any(d < 0 for d in shape):
+            raise ValueError(f"Parameter '{self.path}' has a negative dimension in shape {shape}.")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype, self.path))
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole array."""
+        return self.size * self.itemsize
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The ordered parameters of a model.
+
+    Attributes:
+        name: A label for figures and run records.
+        params: The parameters, in the framework's flatten order.
+
+    Raises:
+        ValueError: on a duplicate path (named in the message).
+    """
+
+    name: str
+    params: tuple[ParamSpec, ...]
+    _sizes: np.ndarray = field(init=False, repr=False, compare=False)
+    _itemsizes: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        params = tuple(self.params)
+        for p in params:
+            if not isinstance(p, ParamSpec):
+                raise ValueError(f"ModelSpec '{self.name}' holds {p!r}, which is not a ParamSpec.")
+        seen: dict[str, int] = {}
+        for i, p in enumerate(params):
+            if p.path in seen:
+                raise ValueError(
+                    f"Duplicate parameter path '{p.path}' in model '{self.name}' "
+                    f"(positions {seen[p.path]} and {i}, shapes {params[seen[p.path]].shape} and {p.shape})."
+                )
+            seen[p.path] = i
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "_sizes", np.array([p.size for p in params], dtype=np.int64))
+        object.__setattr__(self, "_itemsizes", np.array([p.itemsize for p in params], dtype=np.int64))
+
+    @classmethod
+    def from_shapes(
+        cls,
+        shapes: Mapping[str, Sequence[int] | tuple[Sequence[int], object]],
+        name: str = "model",
+        dtype: object = "float32",
+    ) -> "ModelSpec":
+        """Build a spec from ``{path: shape}`` or ``{path: (shape, dtype)}``, in mapping order."""
+        params = []
+        for path, value in shapes.items():
+            if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[1], (int, np.integer)):
+                shape, dt = value
+            else:
+                shape, dt = value, dtype
+            params.append(ParamSpec(path, tuple(shape), dt))
+        return cls(name, tuple(params))
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def __iter__(self) -> Iterator[ParamSpec]:
+        return iter(self.params)
+
+    def __getitem__(self, index: int) -> ParamSpec:
+        return self.params[index]
+
+    @property
+    def paths(self) -> list[str]:
+        return [p.path for p in self.params]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Elements per parameter, int64 array (read-only view)."""
+        view = self._sizes.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def itemsizes(self) -> np.ndarray:
+        """Bytes per element per parameter, int64 array (read-only view)."""
+        view = self._itemsizes.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def num_params(self) -> int:
+        """Total number of elements (the model's parameter count)."""
+        return int(self._sizes.sum())
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of all parameters."""
+        return int((self._sizes * self._itemsizes).sum())
+
+    def with_dtype(self, dtype: object) -> "ModelSpec":
+        """The same shapes, every parameter in ``dtype``."""
+        return ModelSpec(self.name, tuple(ParamSpec(p.path, p.shape, dtype) for p in self.params))
+
+    def select(self, predicate) -> "ModelSpec":
+        """The parameters for which ``predicate(param)`` is true, order kept."""
+        return ModelSpec(self.name, tuple(p for p in self.params if predicate(p)))
+
+
+def spec_from_flat(items: Iterable[tuple[str, Sequence[int], object]], name: str = "model") -> ModelSpec:
+    """Build a spec from ``(path, shape, dtype)`` triples, in order (used by the adapters)."""
+    return ModelSpec(name, tuple(ParamSpec(path, tuple(shape), dtype) for path, shape, dtype in items))

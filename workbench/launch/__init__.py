@@ -1,0 +1,2 @@
+"""ipyparallel: a pure launch plan -> engines -> the driver that runs and records a run.
+"""

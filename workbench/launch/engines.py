@@ -1,0 +1,236 @@
+"""Running a launch plan on ipyparallel engines, one engine per rank.
+
+:func:`start_engines` turns a :class:`~workbench.launch.plan.LaunchPlan` into an
+``ipyparallel.Cluster`` whose engine ``r`` carries rank ``r``'s environment (the MLX
+ring hostfile, the JAX coordinator), bound to loopback by default. :class:`EngineRun` is a
+context manager: the engines are stopped when the run ends, fails, or the cell is
+interrupted, so no engine outlives it. Engines return plain data, never live arrays.
+
+For more than one machine, pass ipyparallel's own launchers through
+``engine_launcher_class`` (``"mpi"``, ``"ssh"``, ``"slurm"``) and their settings through
+``cluster_kwargs``; only ``"local"`` is tested here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.launch.plan import LaunchPlan, plan_launch
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+#: The controller's heartbeat. It completes an engine's registration only on the beat after the engine
+#: connects, so ipyparallel's default period (3 s) made every run wait about 6 s for its engines
+#: (measured: 5.9 s to register 2 engines; 0.9 s at 0.5 s). 20 missed beats (10 s) declare an engine dead.
+FAST_HEARTBEAT = ("--HeartMonitor.period=500", "--HeartMonitor.max_heartbeat_misses=20")
+
+
+class EngineFailure(RuntimeError):
+    """An engine died or raised; ``rank`` names it (``None`` when the run timed out)."""
+
+    def __init__(self, message: str, rank: int | None):
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclass
+class EngineRun:
+    """Engines of one launch plan: ``rank_engine[r]`` is the ipyparallel engine id of rank r."""
+
+    plan: LaunchPlan
+    cluster: Any
+    client: Any
+    rank_engine: dict[int, int]
+    pids: dict[int, int]  # engines on this machine only (remote ones are stopped through ipyparallel)
+    workdir: Path
+    _tmp: Any = field(default=None, repr=False)
+    started_s: float = 0.0
+    launchers: dict[int, Any] = field(default_factory=dict, repr=False)  # rank -> ipyparallel engine launcher
+
+    def output_tail(self, rank: int, chars: int = 1500) -> str:
+        """The last ``chars`` of rank ``rank``'s engine output (its log, colour codes removed): why
+        an engine that died without raising died (an abort in native code, a clash on a port)."""
+        launcher = self.launchers.get(rank)
+        try:
+            text = "".join(sub.get_output() for sub in launcher.launchers.values()) if launcher else ""
+        except Exception:  # a remote launcher may hold no output here
+            return ""
+        return _ANSI.sub("", text)[-chars:].strip()
+
+    def __enter__(self) -> "EngineRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def apply(self, fn: Callable, rank_args: list[tuple], *, timeout_s: float, poll_s: float = 0.05,
+              on_poll: Callable[[], None] | None = None) -> list[Any]:
+        """Run ``fn(*rank_args[r])`` on every rank's engine at once and return the results in rank order.
+
+        ``on_poll`` is called while waiting (progress display, watchdogs); if it raises, the
+        engines are stopped and the exception propagates.
+
+        Raises:
+            EngineFailure: an engine died or raised (naming the rank), or ``timeout_s`` passed;
+                every engine is stopped first.
+        """
+        if len(rank_args) != self.plan.num_ranks:
+            raise ValueError(f"rank_args has {len(rank_args)} entries for {self.plan.num_ranks} ranks.")
+        pending = {r: self.client[self.rank_engine[r]].apply_async(fn, *rank_args[r]) for r in range(self.plan.num_ranks)}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                failed = {}
+                for r, ar in pending.items():
+                    if ar.ready() and not ar.successful():
+                        try:
+                            ar.get(0)
+                        except Exception as err:  # RemoteError, EngineError
+                            failed[r] = err
+                if failed:
+                    # When one rank dies its peers soon fail in their collectives: blame a dead
+                    # engine first (EngineError), then the lowest rank, and name every failed rank.
+                    r = min(failed, key=lambda k: (getattr(failed[k], "ename", "") != "EngineError", k))
+                    kind = getattr(failed[r], "ename", type(failed[r]).__name__)
+                    others = f" (also failed: ranks {sorted(set(failed) - {r})})" if len(failed) > 1 else ""
+                    died = f"\nits output ended:\n{self.output_tail(r)}" if kind == "EngineError" else ""
+                    raise EngineFailure(f"rank {r} failed ({kind}){others}: {str(failed[r])[-2000:]}{died}", r) \
+                        from failed[r]
+                if all(ar.ready() for ar in pending.values()):
+                    return [pending[r].get(0) for r in range(self.plan.num_ranks)]
+                if time.monotonic() > deadline:
+                    stuck = [r for r, ar in pending.items() if not ar.ready()]
+                    raise EngineFailure(f"ranks {stuck} did not finish within {timeout_s:g} s", None)
+                if on_poll is not None:
+                    on_poll()
+                time.sleep(poll_s)
+        except BaseException:
+            self.stop()  # a failure, a timeout, or KeyboardInterrupt: no engine outlives the run
+            raise
+
+    def stop(self) -> None:
+        """Stop every engine and the controller (idempotent), then make sure their processes are gone."""
+        if self.cluster is None:
+            return
+        cluster, self.cluster = self.cluster, None
+        # Engines first, outright: one may be wedged in a collective (MLX #4475) or a long task,
+        # and ipyparallel's graceful stop waits for the task. Engines hold nothing to save:
+        # runs write their steps to the run store as they go.
+        for pid in self.pids.values():
+            try:
+                os.kill(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            if self.client is not None:
+                self.client.close()
+        except Exception:
+            pass
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_class: str = "local",
+                  workdir: Path | None = None, **cluster_kwargs: Any) -> EngineRun:
+    """Start one ipyparallel engine per rank of ``plan`` with that rank's environment.
+
+    Args:
+        plan: From :func:`workbench.launch.plan.plan_launch` (MLX ring hostfile and JAX coordinator
+            on ``plan.host``, loopback by default).
+        timeout_s: How long to wait for every engine to register.
+        engine_launcher_class: ipyparallel's engine launcher (``"local"``; ``"mpi"``, ``"ssh"``,
+            ``"slurm"`` for larger setups, configured through ``cluster_kwargs``).
+        workdir: Where the ring hostfile goes (default: a temporary folder removed on stop).
+
+    Raises:
+        EngineFailure: if the engines do not all register within ``timeout_s`` (everything
+            started so far is stopped).
+    """
+    import ipyparallel as ipp
+
+    t0 = time.monotonic()
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="workbench-engines-")
+        workdir = Path(tmp.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    extra_env = plan.write_files(workdir)
+    cluster_kwargs.setdefault("controller_args", list(FAST_HEARTBEAT))
+    cluster = ipp.Cluster(n=0, controller_ip=plan.host, log_level=logging.ERROR,
+                          engine_launcher_class=engine_launcher_class, **cluster_kwargs)
+    run = EngineRun(plan, cluster, None, {}, {}, workdir, tmp)
+    try:
+        cluster.start_controller_sync()
+        for r in range(plan.num_ranks):
+            before = set(cluster.engines)
+            cluster.start_engines_sync(n=1, environment={**extra_env, **plan.rank_env[r], "WORKBENCH_RANK": str(r)})
+            run.launchers.update({r: cluster.engines[key] for key in set(cluster.engines) - before})
+        run.client = cluster.connect_client_sync()
+        run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s)
+        deadline = t0 + timeout_s
+        asks = {eid: run.client[eid].apply_async(_rank_host_pid) for eid in run.client.ids}
+        for eid, ask in asks.items():  # bounded: an engine that registers but never answers fails the start
+            rank, host, pid = ask.get(timeout=max(1.0, deadline - time.monotonic()))
+            run.rank_engine[rank] = eid
+            if host == socket.gethostname():  # only engines on this machine can be killed from here
+                run.pids[rank] = pid
+    except BaseException as err:
+        run.stop()
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise EngineFailure(f"engines did not start: {err}", None) from err
+    run.started_s = time.monotonic() - t0
+    return run
+
+
+#: Launches tried when a rank cannot bind its rendezvous port (taken between the pick and the bind).
+PORT_ATTEMPTS = 3
+_PORT_CLASH = ("Failed to start RPC server", "Failed to add port to server",  # JAX coordinator (gRPC)
+               "Couldn't bind socket (error: 98)",  # MLX ring: EADDRINUSE
+               "Address already in use", "EADDRINUSE")
+
+
+def is_port_clash(message: str) -> bool:
+    """Whether an engine failure is a rendezvous port taken by another process (JAX's coordinator,
+    the MLX ring, NCCL), the one failure a relaunch on fresh ports cures."""
+    return any(m in message for m in _PORT_CLASH)
+
+
+def run_on_fresh_ports(num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
+                       attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
+    """Plan a launch (:func:`~workbench.launch.plan.plan_launch`), start its engines, return ``body(engines)``.
+
+    A port picked free can still be taken before rank 0 binds it; such a failure (``is_port_clash``)
+    is relaunched on fresh ports, up to ``attempts`` launches in all, while ``may_retry()`` holds
+    (a run that has stored steps must not start again).
+
+    Raises:
+        EngineFailure: any other failure, or the last launch's.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            with start_engines(plan_launch(num_ranks, framework=framework)) as engines:
+                return body(engines)
+        except EngineFailure as err:
+            if attempt == attempts or not is_port_clash(str(err)) or not may_retry():
+                raise
+
+
+def _rank_host_pid() -> tuple[int, str, int]:
+    import os
+    import socket
+
+    return int(os.environ["WORKBENCH_RANK"]), socket.gethostname(), os.getpid()

@@ -1,0 +1,2 @@
+"""Notebook execution, the build, and the exported deck and static pages.
+"""

@@ -1,0 +1,209 @@
+"""One rank of a real MLX run that proves FSDP equals DDP (started by :mod:`workbench.launch.plan`).
+
+    python -m workbench.ranks.mlx_fsdp_check --out DIR [--steps 3] [--cases all|quick]
+
+Every rank builds the same small MLP from a NumPy seed, takes its slice of one global batch
+per step, and runs DDP (``mlx.nn.average_gradients`` + the optimizer) and FSDP
+(:func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients`) side by side for each case.
+It records parameters, gradient norms, its gradient shards next to the DDP-averaged
+gradient's slices, optimizer-state bytes, and the collectives actually called (a spy on
+``mx.distributed``). It writes ``DIR/rank{r}.json``; the tests compare. Arrays travel as
+plain lists: engines and workers return data, never live arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
+from workbench.adapters.mlx.fsdp import (
+    ddp_apply_gradients,
+    fsdp_apply_gradients,
+    get_plan,
+    has_sum_scatter,
+    make_hsdp_groups,
+    optimizer_state_bytes,
+    shard_gradients,
+)
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+MODELS = {"even": (8, 16, 16, 4), "odd": (6, 10, 3)}  # "odd" has arrays whose size does not divide 4
+GLOBAL_BATCH = 16
+
+
+def build_params(dims: tuple[int, ...], seed: int, dtype) -> dict:
+    """MLP parameters from a NumPy seed (identical on every rank and in every framework)."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for d_in, d_out in zip(dims[:-1], dims[1:]):
+        layers.append({
+            "weight": mx.array(rng.normal(0, d_in**-0.5, (d_out, d_in)).astype(np.float32)).astype(dtype),
+            "bias": mx.array(rng.normal(0, 0.1, (d_out,)).astype(np.float32)).astype(dtype),
+        })
+    return {"layers": layers}
+
+
+def mlp_loss(params: dict, x: mx.array, y: mx.array) -> mx.array:
+    h = x
+    layers = params["layers"]
+    for i, layer in enumerate(layers):
+        h = h @ layer["weight"].T + layer["bias"]
+        if i < len(layers) - 1:
+            h = nn.gelu(h)
+    return ((h.astype(mx.float32) - y) ** 2).mean()
+
+
+def batch(step: int, dims: tuple[int, ...], rank: int, size: int, dtype):
+    """This rank's slice of the global batch of ``step``."""
+    rng = np.random.default_rng(1000 + step)
+    x = rng.normal(size=(GLOBAL_BATCH, dims[0])).astype(np.float32)
+    y = rng.normal(size=(GLOBAL_BATCH, dims[-1])).astype(np.float32)
+    per = GLOBAL_BATCH // size
+    sl = slice(rank * per, (rank + 1) * per)
+    return mx.array(x[sl]).astype(dtype), mx.array(y[sl])
+
+
+def make_optimizer(name: str):
+    """The optimizers of the cases: SGD at lr 0.1, or AdamW at lr 0.01 with weight decay 0.01 (MLX's default,
+    no bias correction)."""
+    if name == "sgd":
+        return make_mlx_optimizer("sgd", 0.1)
+    return make_mlx_optimizer("adamw", 0.01, weight_decay=0.01, bias_correction=False)
+
+
+class Spy:
+    """Counts calls of the ``mx.distributed`` collectives (a real spy: the step calls through it)."""
+
+    NAMES = ("all_sum", "all_gather", "sum_scatter", "send", "recv", "recv_like")
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self._orig = {name: getattr(mx.distributed, name) for name in self.NAMES}
+        for name, fn in self._orig.items():
+            setattr(mx.distributed, name, self._wrap(name, fn))
+
+    def _wrap(self, name, fn):
+        def wrapped(*args, **kwargs):
+            self.counts[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    def take(self) -> dict:
+        out = dict(self.counts)
+        self.counts.clear()
+        return out
+
+
+def tolist(tree) -> dict:
+    return {k: np.array(v.astype(mx.float32)).reshape(-1).tolist() for k, v in tree_flatten(tree)}
+
+
+def run_case(case: dict, group, spy: Spy, steps: int, fsdp_group=None, dp_group=None) -> dict:
+    """DDP over ``group`` against FSDP over ``fsdp_group`` (default ``group``), HSDP with ``dp_group``."""
+    dims = MODELS[case["model"]]
+    dtype = DTYPES[case["dtype"]]
+    rank, size = group.rank(), group.size()
+    fsdp = fsdp_group or group
+    hsdp = {"fsdp_group": fsdp, "dp_group": dp_group}
+    out = {"case": case, "ddp_norms": [], "fsdp_norms": [], "counts": [], "reports": []}
+    try:
+        p_ddp = p_fsdp = build_params(dims, seed=7, dtype=dtype)
+        o_ddp, o_fsdp = make_optimizer(case["optimizer"]), make_optimizer(case["optimizer"])
+        grad_fn = mx.value_and_grad(mlp_loss)
+        for step in range(steps):
+            x, y = batch(step, dims, rank, size, dtype)
+            _, g_ddp = grad_fn(p_ddp, x, y)
+            _, g_fsdp = grad_fn(p_fsdp, x, y)
+            if step == 0:  # this rank's gradient shard against its slice of the DDP average
+                plan = get_plan(tree_flatten(p_fsdp), case["communication_size"], fsdp.size(), case["layout"])
+                shards = shard_gradients(tree_flatten(g_fsdp), plan, fsdp, dp_group, path=case["reduce_scatter"])
+                avg = dict(tree_flatten(nn.average_gradients(g_ddp, group=group)))
+                mine = [s for b in range(plan.buckets.num_buckets) for s in plan.rank_slices(fsdp.rank(), b)]
+                want = [np.array(avg[s.path].astype(mx.float32)).reshape(-1)[s.start:s.stop] for s in mine]
+                got = []
+                for b in range(plan.buckets.num_buckets):
+                    real = sum(s.stop - s.start for s in plan.rank_slices(fsdp.rank(), b))
+                    got.append(np.array(shards[str(b)].astype(mx.float32))[:real])
+                out["shard_got"] = np.concatenate(got).tolist()
+                out["shard_want"] = np.concatenate(want).tolist()
+                spy.take()
+            norm_kw = {"max_norm": case["max_norm"]} if case["max_norm"] is not None else {}
+            res = ddp_apply_gradients(g_ddp, p_ddp, o_ddp, group=group, communication_size=case["communication_size"], **norm_kw)
+            p_ddp, n_ddp = res if norm_kw else (res, None)
+            mx.eval(p_ddp)
+            spy.take()
+            report: dict = {}
+            res = fsdp_apply_gradients(g_fsdp, p_fsdp, o_fsdp, communication_size=case["communication_size"],
+                                       layout=case["layout"], reduce_scatter=case["reduce_scatter"], report=report,
+                                       **hsdp, **norm_kw)
+            p_fsdp, n_fsdp = res if norm_kw else (res, None)
+            mx.eval(p_fsdp)
+            out["counts"].append(spy.take())
+            out["reports"].append(report)
+            out["ddp_norms"].append(None if n_ddp is None else n_ddp.item())
+            out["fsdp_norms"].append(None if n_fsdp is None else n_fsdp.item())
+        out["ddp_params"], out["fsdp_params"] = tolist(p_ddp), tolist(p_fsdp)
+        out["dtypes"] = sorted({str(v.dtype) for _, v in tree_flatten(p_fsdp)})
+        out["ddp_state_bytes"], out["fsdp_state_bytes"] = optimizer_state_bytes(o_ddp), optimizer_state_bytes(o_fsdp)
+    except ValueError as err:  # a refused plan: recorded, and every rank refuses alike
+        out["error"] = str(err)
+    return out
+
+
+def cases(which: str) -> list[dict]:
+    grid = itertools.product(["sgd", "adamw"], ["float32", "bfloat16"], ["row", "flat"], [None, 0.5])
+    out = [dict(model="even", optimizer=o, dtype=d, layout=l, max_norm=m, communication_size=256, reduce_scatter="auto")
+           for o, d, l, m in grid]
+    out += [
+        dict(model="even", optimizer="adamw", dtype="float32", layout="flat", max_norm=None, communication_size=256, reduce_scatter="all_sum"),
+        dict(model="even", optimizer="adamw", dtype="bfloat16", layout="row", max_norm=0.5, communication_size=256, reduce_scatter="send_recv"),
+        dict(model="even", optimizer="sgd", dtype="float32", layout="row", max_norm=None, communication_size=0, reduce_scatter="auto"),
+        dict(model="odd", optimizer="adamw", dtype="float32", layout="flat", max_norm=0.5, communication_size=64, reduce_scatter="auto"),
+        dict(model="odd", optimizer="sgd", dtype="float32", layout="row", max_norm=None, communication_size=64, reduce_scatter="auto"),
+    ]
+    return out[-4:] + out[:2] if which == "quick" else out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--cases", default="all", choices=["all", "quick"])
+    parser.add_argument("--hsdp", type=int, default=0, help="shard over blocks of this many ranks, replicate across blocks")
+    args = parser.parse_args()
+    backend = os.environ.get("WORKBENCH_BACKEND", "ring")
+    group = mx.distributed.init(backend=backend, strict=True)
+    sum_scatter = has_sum_scatter(group)  # the once-per-process probe, before the spy counts
+    try:
+        fsdp_group, dp_group = make_hsdp_groups(args.hsdp or 1, group)
+        hsdp = "split ok"
+    except RuntimeError as err:
+        fsdp_group = dp_group = None
+        hsdp = str(err)
+    if not args.hsdp:
+        fsdp_group = dp_group = None
+    spy = Spy()
+    results = [run_case(case, group, spy, args.steps, fsdp_group, dp_group) for case in cases(args.cases)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"rank{group.rank()}.json").write_text(
+        json.dumps({"rank": group.rank(), "size": group.size(), "results": results, "hsdp": hsdp,
+                    "sum_scatter_supported": sum_scatter, "backend": backend}))
+    # Free split groups now: left to interpreter exit, MLX frees their MPI communicators after
+    # MPI_Finalize ("MPI_Comm_free() was called after MPI_FINALIZE") and the rank aborts.
+    del fsdp_group, dp_group, group, results
+    gc.collect()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""One rank of a JAX training run: the JAX twin of :func:`workbench.launch.driver._train_mlx`.
+
+:func:`train_jax` runs in one process with one CPU device (the launch plan's environment,
+:func:`workbench.launch.plan.plan_launch`); cross-process collectives go through gloo over the
+coordinator's interface. Every process builds the same weights
+(:func:`~workbench.models.init.init_lm_params`) and the same global NumPy batch each step
+(:func:`~workbench.models.data.sample_batch`); the global batch array is sharded by rows over the
+1-D mesh ``("fsdp",)``, so process r holds exactly ``rank_slice(batch, r, N)``, and one
+jitted ``shard_map`` step per strategy does the rest:
+
+* ``ddp`` -- :func:`~workbench.adapters.jax.fsdp.make_ddp_step` (gradients ``pmean``-ed);
+* ``fsdp-row`` / ``fsdp-flat`` -- :func:`~workbench.adapters.jax.fsdp.make_fsdp_step`
+  with that layout and ``spec.communication_size`` (one ``psum_scatter`` and one
+  ``all_gather`` per bucket);
+* ``fsdp-full`` -- ZeRO-3, :func:`~workbench.adapters.jax.zero3.make_zero3_step` over the
+  unit chain of :func:`lm_units` (embedding, each block, final norm + head).
+
+With ``spec.num_microbatches`` = G > 1 every step accumulates gradients over G
+micro-batches of each rank's rows, synchronised once (``spec.defer_sync``) or every
+micro-batch (:mod:`workbench.adapters.jax.accum`); rows and the summary count the
+collectives that implies.
+
+Loss scope: the JAX steps return the *global* mean loss (every rank records the same
+value), whereas MLX rows hold each rank's local-slice mean. JAX rows therefore carry
+``"loss_scope": "global"`` (MLX rows have no such key: local). With equal slices the mean
+of the MLX ranks' losses is the global loss, so ``groupby("step").loss.mean()`` compares
+the two frameworks directly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["init_distributed", "lm_units", "make_optimizer", "train_jax"]
+
+
+def init_distributed(timeout_s: int = 120) -> tuple[int, int]:
+    """Initialise ``jax.distributed`` from ``WORKBENCH_*`` variables, once per process.
+
+    Reads ``WORKBENCH_COORDINATOR`` (``host:port``, process 0 hosts it),
+    ``WORKBENCH_NUM_PROCESSES``, ``WORKBENCH_PROCESS_ID`` and ``WORKBENCH_BACKEND``
+    (``gloo``, the default, or ``default``). With gloo, CPU collectives are switched to
+    gloo and gloo is bound to the coordinator's host
+    (:func:`~workbench.ranks.jax_fsdp_check.bind_gloo_to`). If this process is already initialised
+    (a second run on the same engine), nothing is re-initialised.
+
+    Returns:
+        ``(process_id, num_processes)`` as JAX sees them.
+
+    Raises:
+        RuntimeError: a variable is missing, or the process was initialised for another
+            world than the variables describe.
+    """
+    import jax
+
+    from workbench.ranks.jax_fsdp_check import initialize_jax
+
+    try:
+        coordinator = os.environ["WORKBENCH_COORDINATOR"]
+        num_processes = int(os.environ["WORKBENCH_NUM_PROCESSES"])
+        process_id = int(os.environ["WORKBENCH_PROCESS_ID"])
+    except (KeyError, ValueError) as err:
+        raise RuntimeError(f"JAX rank environment incomplete or malformed ({err!r}); "
+                           "start ranks from workbench.launch.plan.plan_launch(framework='jax').") from None
+    if not jax.distributed.is_initialized():
+        initialize_jax(coordinator, num_processes, process_id,
+                       backend=os.environ.get("WORKBENCH_BACKEND", "gloo"), timeout_s=timeout_s)
+    if (jax.process_index(), jax.process_count()) != (process_id, num_processes):
+        raise RuntimeError(f"jax.distributed is initialised as process {jax.process_index()} of {jax.process_count()}, "
+                           f"but this rank's environment says {process_id} of {num_processes}.")
+    return process_id, num_processes
+
+
+def _cross_entropy(logits: Any, targets: Any) -> Any:
+    """Mean next-token cross-entropy in fp32: :func:`~workbench.models.jax_lm.lm_loss_fn` from logits."""
+    import jax
+    import jax.numpy as jnp
+
+    logits = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+
+def lm_units(config) -> tuple[list[Callable], Callable, list[list[str]]]:
+    """The LM of :mod:`workbench.models.jax_lm` as a ZeRO-3 unit chain.
+
+    Units: the embeddings (``embed``, ``pos_embed``), each transformer block
+    (``layers.{i}.*``), the final norm with the head. With ``tie_embeddings`` the head
+    reuses the embedding, which a chain cannot split, so the whole model is one unit.
+    Batches are ``(inputs, targets)``; each unit gets a ``{dotted path: array}`` dict.
+
+    Returns:
+        ``(apply_units, loss_fn, unit_paths)`` for
+        :func:`~workbench.adapters.jax.zero3.make_zero3_step` (and
+        :func:`~workbench.adapters.jax.zero3.chain_units`); ``unit_paths[u]`` lists
+        unit u's parameter paths.
+    """
+    from workbench.models.init import lm_param_shapes
+    from workbench.models.jax_lm import block, lm_logits_fn, rms_norm
+
+    def loss_fn(logits, batch):
+        return _cross_entropy(logits, batch[1])
+
+    if config.tie_embeddings:
+        return [lambda p, batch: lm_logits_fn(p, batch[0], config=config)], loss_fn, [list(lm_param_shapes(config))]
+
+    def embed(p, batch):
+        inputs = batch[0]
+        return p["embed.weight"][inputs] + p["pos_embed.weight"][: inputs.shape[1]]
+
+    def head(p, h):
+        return rms_norm(h, p["norm.weight"]) @ p["head.weight"].T
+
+    layers = [lambda p, h, prefix=f"layers.{i}.": block(p, prefix, h, config.num_heads) for i in range(config.num_layers)]
+    shapes = list(lm_param_shapes(config))
+    paths = ([["embed.weight", "pos_embed.weight"]]
+             + [[k for k in shapes if k.startswith(f"layers.{i}.")] for i in range(config.num_layers)]
+             + [["norm.weight", "head.weight"]])
+    return [embed, *layers, head], loss_fn, paths
+
+
+def make_optimizer(spec) -> Any:
+    """``optax.adamw(lr, weight_decay=spec.weight_decay)`` (MLX ``AdamW`` with bias correction:
+    same betas, eps and decoupled decay) or ``optax.sgd(lr)``."""
+    from workbench.adapters.jax.base import make_optimizer as make_jax_optimizer
+
+    return make_jax_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
+
+
+def _memory_stats(compiled) -> dict | None:
+    """XLA's ``memory_analysis()`` of the compiled step as ``{field: bytes}``, or None if unavailable."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # not every backend / version implements it (compile errors are not caught here)
+        return None
+    if stats is None:
+        return None
+    out = {k: int(getattr(stats, k)) for k in dir(stats) if k.endswith("_in_bytes") and not k.startswith("_")}
+    return out or None
+
+
+def observed_collective_path(program_text: str, num_ranks: int) -> str:
+    """The gradient collective a lowered step really contains: "psum_scatter", "psum" or "none"."""
+    if num_ranks == 1:
+        return "none"
+    if "reduce_scatter" in program_text:
+        return "psum_scatter"
+    return "psum" if "all_reduce" in program_text else "none"
+
+
+def train_jax(spec, handle) -> dict:
+    """One rank of a JAX run of ``spec`` (a :class:`~workbench.launch.driver.RunSpec`), appending to ``handle``.
+
+    Every step appends ``{"step", "rank", "loss", "loss_scope": "global", "grad_norm",
+    "step_time_s", "peak_rss_bytes", "num_collectives"}``: ``loss`` is the *global* mean
+    loss of the step (over ranks and micro-batches; the same on every rank; MLX records
+    each rank's local mean, see the module docstring), ``grad_norm`` the norm of the
+    averaged gradient before clipping, ``num_collectives`` the gradient-path collectives
+    the step issued (G times the buckets' with per-micro-batch sync),
+    ``step_time_s`` the wall time of the step until its results are ready (step 0
+    excludes compilation, done up front), ``peak_rss_bytes`` the process's peak RSS.
+
+    Returns:
+        ``{"rank", "backend", "collective_path" ("psum_scatter" for FSDP and ZeRO-3,
+        "psum" for DDP, "none" on one rank), "num_collectives", "collectives" (the same
+        per step by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``, as the step asks
+        for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
+        combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions"}`` and, when XLA reports it, ``"compiled_memory"``
+        (the compiled step's ``memory_analysis()`` in bytes).
+    """
+    rank, size = init_distributed()
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.adapters.jax.accum import compiled_program_counts
+    from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
+    from workbench.adapters.jax.zero3 import make_zero3_step
+    from workbench.launch.driver import _versions, peak_rss_bytes
+    from workbench.models.data import make_markov_chain, sample_batch
+    from workbench.models.init import init_lm_params
+    from workbench.models.jax_lm import make_loss_fn
+
+    cfg = spec.config
+    # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
+    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("fsdp",))
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("fsdp"))
+
+    def to_global(tree, sharding):  # every process holds the full NumPy data: each takes its pieces
+        return jax.tree_util.tree_map(
+            lambda a: jax.make_array_from_callback(a.shape, sharding, lambda idx, a=a: a[idx]), tree)
+
+    params = init_lm_params(cfg, spec.init_seed)
+    if spec.precision == "bfloat16":
+        params = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
+    opt = make_optimizer(spec)
+    accum = dict(num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    if spec.strategy == "fsdp-full":
+        apply_units, unit_loss, unit_paths = lm_units(cfg)
+        units = to_global([{k: params[k] for k in paths} for paths in unit_paths], replicated)
+        step = make_zero3_step(apply_units, unit_loss, units, opt, mesh, max_norm=spec.max_norm, **accum)
+        p, state = step.init(units)
+    else:
+        p = to_global(params, replicated)
+        if spec.strategy == "ddp":
+            step = make_ddp_step(make_loss_fn(cfg), p, opt, mesh, max_norm=spec.max_norm, **accum)
+        else:
+            step = make_fsdp_step(make_loss_fn(cfg), p, opt, mesh, layout=spec.strategy.split("-")[1],
+                                  max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
+        state = step.init(p)
+    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
+
+    def global_batch(step_index: int):
+        batch = sample_batch(chain, step_index, spec.global_batch, cfg.seq_len, seed=spec.data_seed)
+        return to_global((np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])), rows)
+
+    per_rank = spec.global_batch // size
+    held = sorted({s.index[0].indices(spec.global_batch)[:2] for s in global_batch(0)[0].addressable_shards})
+    if (held[0][0], held[-1][1]) != (rank * per_rank, (rank + 1) * per_rank):
+        raise RuntimeError(f"rank {rank} holds batch rows {held}, not its rank_slice "
+                           f"[{rank * per_rank}, {(rank + 1) * per_rank}); the mesh is not ordered by process.")
+    lowered = step.lower(p, state, global_batch(0))
+    compiled = lowered.compile()  # compiles before step 0; a compile error surfaces here
+    compiled_memory = _memory_stats(compiled)
+    compiled_collectives = compiled_program_counts(compiled.as_text())
+    path = observed_collective_path(lowered.as_text(), size)
+    for i in range(spec.steps):
+        batch = global_batch(i)
+        t0 = time.perf_counter()
+        p, state, metrics = step.step(p, state, batch)
+        jax.block_until_ready((p, state, metrics["loss"], metrics["grad_norm"]))
+        elapsed = time.perf_counter() - t0
+        handle.append_steps([{
+            "step": i, "rank": rank, "loss": float(np.asarray(metrics["loss"].addressable_data(0))),
+            "loss_scope": "global", "grad_norm": float(np.asarray(metrics["grad_norm"].addressable_data(0))),
+            "step_time_s": elapsed, "peak_rss_bytes": peak_rss_bytes(),
+            "num_collectives": int(metrics["num_collectives"]),
+        }])
+    def device_bytes(tree) -> int:  # this process's one device: its shard of every array
+        return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
+
+    measured = {"parameters": device_bytes(p), "optimizer_state": device_bytes(state)}
+    if compiled_memory is not None:  # XLA's buffer plan of the step on this device
+        measured["peak"] = (compiled_memory.get("argument_size_in_bytes", 0) + compiled_memory.get("output_size_in_bytes", 0)
+                            + compiled_memory.get("temp_size_in_bytes", 0) - compiled_memory.get("alias_size_in_bytes", 0))
+        measured["peak_source"] = "XLA memory_analysis: arguments + outputs + temporaries - aliased"
+    summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"), "collective_path": path,
+               "measured_memory": measured,
+               "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
+               "compiled_collectives": compiled_collectives,
+               "peak_rss_bytes": peak_rss_bytes(),
+               "versions": _versions()}
+    if compiled_memory is not None:
+        summary["compiled_memory"] = compiled_memory
+    return summary

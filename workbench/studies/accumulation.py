@@ -1,0 +1,259 @@
+"""Gradient accumulation on real runs: what G micro-batches per step cost in collectives, bytes,
+step time and memory, with the sync deferred to the last micro-batch or done after every one.
+
+The NeMo pattern (``MoEFSDPSyncMixin.prepare_for_grad_accumulation`` /
+``prepare_for_final_backward``): a naive FSDP step reduce-scatters every micro-batch's gradient
+(and, with full sharding, gathers every unit again for every micro-batch); the deferred step
+accumulates local gradients and synchronises once. Deferral saves collectives and bytes and
+pays in memory: the accumulator is unsharded, and under full sharding the gathered weights stay
+for the whole loop (:func:`workbench.estimate.memory.estimate_memory`, ``num_microbatches``/``defer_sync``).
+
+* :func:`accumulation_specs` -- the sweep: G = 1 once, and each G > 1 in both modes.
+* :func:`expected_collectives` / :func:`expected_bytes` -- the model of one step's collectives
+  per rank, by kind, from the run's bucket plan and units (what the trainers must issue).
+* :func:`accumulation_table` -- per run: collectives counted by the ranks against the model,
+  bytes, median step and sync time, measured peak against the memory model, loss difference to
+  the G = 1 run of the same framework and strategy.
+* :func:`fig_accumulation` -- the trade-off against G, one line per strategy and mode.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from workbench.core.buckets import plan_buckets
+from workbench.estimate.comm import bus_factor
+from workbench.models.init import LMConfig
+from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
+from workbench.studies.runs import loss_curves
+from workbench.studies.step_time import _steady
+from workbench.views.plans import _figure, _grid
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+#: The gradient collectives a strategy repeats for every micro-batch when the sync is not deferred.
+SYNCED = {"ddp": ("all_reduce",), "fsdp-row": ("reduce_scatter",), "fsdp-flat": ("reduce_scatter",),
+          "fsdp-full": ("all_gather", "reduce_scatter")}
+MODES = {True: "deferred", False: "every micro-batch"}
+
+
+def accumulation_specs(base: Mapping[str, Any], *, frameworks: Sequence[str], strategies: Sequence[str],
+                       microbatches: Iterable[int]) -> list:
+    """RunSpecs of the sweep: every framework x strategy at G = 1, and at each G > 1 deferred and not.
+
+    ``base`` holds the other RunSpec fields; ``global_batch`` must divide by ``num_ranks * G``
+    for every G (the RunSpec says which does not).
+    """
+    from workbench.launch.driver import RunSpec
+
+    out = []
+    for f in frameworks:
+        for s in strategies:
+            for g in microbatches:
+                for defer in ((True,) if g == 1 else (True, False)):
+                    out.append(RunSpec(**{**base, "framework": f, "strategy": s, "num_microbatches": g,
+                                          "defer_sync": defer}))
+    return out
+
+
+def _fields(spec: Any) -> dict:
+    """The spec's fields, validated (a RunSpec or its dict; a bad field raises, naming it), defaults filled."""
+    from dataclasses import asdict
+
+    from workbench.launch.driver import RunSpec
+
+    return asdict(spec if isinstance(spec, RunSpec) else RunSpec(**spec))
+
+
+def _units(fields: Mapping[str, Any]) -> list[tuple[int, bool]]:
+    """``fsdp-full``'s units in forward order: (bytes, gathered again in backward). MLX wraps each
+    block and the root (embeddings, final norm, head; it runs last and is not freed before its
+    backward: :func:`~workbench.adapters.mlx.zero3.shard_model`'s default units); JAX chains
+    :func:`~workbench.ranks.train_jax.lm_units` and its program rematerialises every unit's gather in
+    backward (``jax.checkpoint`` per unit; XLA on CPU then merges the repeated gathers, which the
+    runs' ``compiled_collectives`` show)."""
+    nbytes = {p.path: p.nbytes for p in run_model_spec(fields)}
+    config = LMConfig(**fields["model"])
+    if fields["framework"] == "mlx":
+        block = [sum(b for path, b in nbytes.items() if path.startswith(f"layers.{i}.")) for i in range(config.num_layers)]
+        return [(b, True) for b in block] + [(sum(nbytes.values()) - sum(block), False)]
+    from workbench.ranks.train_jax import lm_units
+
+    return [(sum(nbytes[path] for path in paths), True) for paths in lm_units(config)[2]]
+
+
+def _syncs(f: Mapping[str, Any]) -> int:
+    """Gradient synchronisations per step: G when every micro-batch syncs, else 1."""
+    return 1 if f["defer_sync"] or f["num_microbatches"] == 1 else f["num_microbatches"]
+
+
+def expected_collectives(spec: Any) -> dict[str, int]:
+    """Collectives one rank issues in one optimizer step, by kind (:data:`KINDS`).
+
+    With S syncs per step (G when every micro-batch syncs, else 1) and B buckets of MLX's rule
+    at ``communication_size``: DDP all-reduces S x B (JAX: S x one per array); FSDP
+    reduce-scatters S x B and all-gathers B; full sharding gathers and reduce-scatters every
+    unit S times, gathering again in backward where a unit was freed after forward -- deferred,
+    the units stay gathered for the whole loop, so once. MLX runs always compute the global norm
+    (one all-reduce under FSDP and full sharding); JAX only when ``max_norm`` is set. These are the
+    collectives the step asks for; a compiler may combine or merge some (JAX: ``compiled_collectives``).
+    """
+    f = _fields(spec)
+    g, n, strategy = f["num_microbatches"], f["num_ranks"], f["strategy"]
+    if n == 1:
+        return dict.fromkeys(KINDS, 0)
+    syncs = _syncs(f)
+    model = run_model_spec(f)
+    norm = int(strategy != "ddp" and (f["framework"] == "mlx" or f.get("max_norm") is not None))
+    if strategy == "ddp":
+        per_sync = len(model) if f["framework"] == "jax" else plan_buckets(model, f["communication_size"]).num_buckets
+        return {"all_reduce": syncs * per_sync, "reduce_scatter": 0, "all_gather": 0}
+    if strategy == "fsdp-full":
+        units = _units(f)
+        again = sum(regathered for _, regathered in units)
+        gathers = len(units) if f["defer_sync"] and g > 1 else syncs * (len(units) + again)
+        return {"all_reduce": norm, "reduce_scatter": syncs * len(units), "all_gather": gathers}
+    buckets = plan_buckets(model, f["communication_size"]).num_buckets
+    return {"all_reduce": norm, "reduce_scatter": syncs * buckets, "all_gather": buckets}
+
+
+def expected_bytes(spec: Any) -> int:
+    """Bytes one rank sends per optimizer step on a ring (gradients and parameters; the norm's
+    4 bytes left out), by :func:`workbench.estimate.comm.bus_factor`: all-reduce 2(N-1)/N of the data,
+    reduce-scatter and all-gather (N-1)/N."""
+    f = _fields(spec)
+    n, strategy = f["num_ranks"], f["strategy"]
+    total = run_model_spec(f).nbytes
+    g, syncs = f["num_microbatches"], _syncs(f)
+    if strategy == "ddp":
+        return int(round(bus_factor("all_reduce", n) * syncs * total))
+    if strategy == "fsdp-full":
+        again = sum(b for b, regathered in _units(f) if regathered)
+        gathered = total if f["defer_sync"] and g > 1 else syncs * (total + again)
+        return int(round(bus_factor("reduce_scatter", n) * syncs * total + bus_factor("all_gather", n) * gathered))
+    return int(round((bus_factor("reduce_scatter", n) * syncs + bus_factor("all_gather", n)) * total))
+
+
+def mode_label(spec: Any) -> str:
+    """``"G = 1"``, ``"deferred"`` or ``"every micro-batch"``."""
+    f = _fields(spec)
+    return MODES[f["defer_sync"]] if f["num_microbatches"] > 1 else "G = 1"
+
+
+def accumulation_model_table(specs: Iterable[Any]) -> "pd.DataFrame":
+    """The model of each spec before any run: collectives by kind and MiB sent per rank per step, the
+    memory model's accumulator, gathered unit, backward and step phases, peak, and which phase sets it."""
+    import pandas as pd
+
+    rows = []
+    for spec in specs:
+        est = estimate_run_memory(_fields(spec))
+        f = _fields(spec)
+        rows.append({"framework": f["framework"], "strategy": f["strategy"], "G": f["num_microbatches"],
+                     "mode": mode_label(f), **expected_collectives(f), "MiB sent": expected_bytes(f) / 2**20,
+                     "accumulator MiB": est["gradient_accumulator"] / 2**20, "gathered MiB": est["gathered_unit"] / 2**20,
+                     "backward MiB": est.phase_bytes("backward") / 2**20, "step MiB": est.phase_bytes("step") / 2**20,
+                     "peak MiB (model)": est.total_bytes / 2**20, "peak set by": est.peak_phase})
+    return pd.DataFrame(rows)
+
+
+def accumulation_table(loaded) -> "pd.DataFrame":
+    """One row per done run of :func:`workbench.runs.store.load_runs` output.
+
+    Columns: ``framework``, ``strategy``, ``G``, ``mode``, ``collectives`` (per step, all kinds, as
+    the ranks' steps issue them: every rank must report the same), ``expected_collectives``,
+    ``compiled_collectives`` (JAX: those XLA kept in the compiled step, which combines all-reduces
+    and merges repeated gathers; MLX: None), ``counted`` and ``expected`` (by kind, dicts),
+    ``mib_sent`` (model, per rank per step), ``step_ms`` and ``sync_ms`` (median after warm-up of
+    the slowest rank; sync: MLX only), ``peak_mib`` (largest measured over ranks), ``model_peak_mib``,
+    ``peak_ratio``, ``max_loss_diff`` and ``max_grad_norm_rel_diff`` (to the G = 1 run whose spec
+    is otherwise the same; the norm is of the averaged gradient, so a mis-scaled accumulation
+    shows there even where AdamW's update hides it), ``run_id``.
+    """
+    import pandas as pd
+
+    runs, curves, rows = loaded.runs, loss_curves(loaded), []
+    done = runs[runs.status == "done"]
+    for _, run in done.iterrows():
+        fields = _fields(spec_from_row(run))
+        steps = loaded.steps[loaded.steps.run_id == run.run_id]
+        ranks = run["summary.ranks"]
+        counted = {k: int(ranks[0].get("collectives", {}).get(k, 0)) for k in KINDS}
+        if any({k: int(r.get("collectives", {}).get(k, 0)) for k in KINDS} != counted for r in ranks):
+            raise ValueError(f"run {run.run_id}: ranks report different collectives: "
+                             f"{[r.get('collectives') for r in ranks]}")
+        compiled = ranks[0].get("compiled_collectives")
+        peaks = [r.get("measured_memory", {}).get("peak") for r in ranks]
+        peak = max((p for p in peaks if p is not None), default=None)
+        model_peak = estimate_run_memory(fields).total_bytes
+        rows.append({
+            "framework": fields["framework"], "strategy": fields["strategy"], "G": fields["num_microbatches"],
+            "mode": mode_label(fields),
+            "collectives": sum(counted.values()), "expected_collectives": sum(expected_collectives(fields).values()),
+            "compiled_collectives": sum(compiled.values()) if compiled else None,
+            "counted": counted, "expected": expected_collectives(fields),
+            "mib_sent": expected_bytes(fields) / 2**20,
+            "step_ms": _ms(_steady(steps, "step_time_s")), "sync_ms": _ms(_steady(steps, "sync_time_s")),
+            "peak_mib": peak / 2**20 if peak is not None else None, "model_peak_mib": model_peak / 2**20,
+            "peak_ratio": peak / model_peak if peak is not None else None, "run_id": run.run_id,
+            "_key": repr(sorted((k, v) for k, v in fields.items() if k not in ("num_microbatches", "defer_sync"))),
+        })
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    table["max_loss_diff"] = [_diff_to_g1(curves, table, row, "loss") for _, row in table.iterrows()]
+    table["max_grad_norm_rel_diff"] = [_diff_to_g1(curves, table, row, "grad_norm", relative=True)
+                                       for _, row in table.iterrows()]
+    order = ["framework", "strategy", "G", "mode"]
+    return table.drop(columns="_key").sort_values(order, key=lambda c: c.map(str) if c.name != "G" else c).reset_index(drop=True)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _diff_to_g1(curves: "pd.DataFrame", table: "pd.DataFrame", row: "pd.Series", column: str, *,
+                relative: bool = False) -> float | None:
+    """Largest |value - value of the G = 1 run with the same spec otherwise| over steps (``column``:
+    ``loss`` or ``grad_norm``, the global norm before clipping; ``relative``: divided by the G = 1 value)."""
+    ref = table[(table._key == row._key) & (table.G == 1)]
+    if ref.empty:
+        return None
+    mine = curves[curves.run_id == row.run_id].set_index("step")[column]
+    other = curves[curves.run_id == ref.run_id.iloc[0]].set_index("step")[column]
+    a, b = mine.align(other, join="inner")
+    diff = (a - b).abs() / (b.abs() if relative else 1)
+    return float(diff.max()) if len(a) else None
+
+
+def fig_accumulation(table: "pd.DataFrame", framework: str = "mlx", *, height: int = 620) -> go.Figure:
+    """Four panels against G: collectives per step, MiB sent per rank per step, median step time,
+    peak memory per rank (measured: markers and lines; the memory model: dotted). One colour per
+    strategy; solid deferred, dashed every micro-batch (G = 1 starts both lines)."""
+    t = table[table.framework == framework] if len(table) else table
+    layout, refs = _grid(2, 2, ["collectives per step (counted)", "MiB sent per rank per step (model)",
+                                "median step time (ms)", "peak MiB per rank (dotted: model)"])
+    for k, (xaxis, _) in enumerate(refs):
+        layout["xaxis" + xaxis[1:]].update(type="log", dtick=0.30103, **(
+            {"title": dict(text="G, micro-batches per step")} if k >= 2 else {}))
+    colors = dict(zip(SYNCED, ("#4C78A8", "#F58518", "#54A24B", "#B279A2")))
+    traces = []
+    for strategy in [s for s in SYNCED if len(t) and s in set(t.strategy)]:
+        for defer, dash in ((True, "solid"), (False, "dash")):
+            part = t[(t.strategy == strategy) & ((t.G == 1) | (t["mode"] == MODES[defer]))].sort_values("G")
+            if len(part) < 2:
+                continue
+            name = f"{strategy}, {MODES[defer]}"
+            for k, col in enumerate(("collectives", "mib_sent", "step_ms", "peak_mib")):
+                traces.append(dict(type="scatter", x=part.G.tolist(), y=part[col].tolist(), mode="lines+markers",
+                                   name=name, legendgroup=name, showlegend=k == 0, xaxis=refs[k][0], yaxis=refs[k][1],
+                                   line=dict(color=colors[strategy], dash=dash)))
+            traces.append(dict(type="scatter", x=part.G.tolist(), y=part.model_peak_mib.tolist(), mode="lines",
+                               name=f"{name} (model)", legendgroup=name, showlegend=False, xaxis=refs[3][0],
+                               yaxis=refs[3][1], line=dict(color=colors[strategy], dash="dot", width=1)))
+    title = f"Gradient accumulation in {framework.upper()}: deferred sync against sync every micro-batch"
+    return _figure(traces, layout, title, height)

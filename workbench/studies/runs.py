@@ -1,0 +1,130 @@
+"""Stored runs as tables and figures: convergence curves, differences to DDP, step time and memory.
+
+Everything here reads what :func:`workbench.runs.store.load_runs` returns, so a notebook can
+redraw any figure from disk without rerunning. Ranks take equal slices of the global batch,
+so the mean of the ranks' losses at a step is the global loss; a step ends when its slowest
+rank ends, so a step's time is the maximum over ranks.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.views.plans import TEMPLATE
+
+#: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
+LABEL_FIELDS = ("spec.framework", "spec.strategy")
+WARMUP_STEPS = 2
+
+
+def run_label(row: pd.Series) -> str:
+    """``"mlx fsdp-row"``; with gradient accumulation ``"mlx fsdp-row G=4 deferred"`` (or ``every micro-batch``)."""
+    label = f"{row['spec.framework']} {row['spec.strategy']}"
+    g = row.get("spec.num_microbatches")
+    if g is not None and not pd.isna(g) and g > 1:
+        defer = row.get("spec.defer_sync")
+        label += f" G={int(g)} " + ("every micro-batch" if defer is False or defer == 0 else "deferred")
+    return label
+
+
+def loss_curves(loaded) -> pd.DataFrame:
+    """One row per (run, step): the global loss (mean over ranks) and the step time (max over ranks)."""
+    steps = loaded.steps
+    if steps.empty:
+        return pd.DataFrame(columns=["run_id", "step", "loss", "grad_norm", "step_time_s"])
+    g = steps.groupby(["run_id", "step"])
+    return pd.DataFrame({"loss": g.loss.mean(), "grad_norm": g.grad_norm.mean(), "step_time_s": g.step_time_s.max()}).reset_index()
+
+
+def _twin_fields(runs: pd.DataFrame) -> list[str]:
+    return [c for c in runs.columns if c.startswith("spec.") and c != "spec.strategy"]
+
+
+def ddp_twin(runs: pd.DataFrame, run_id: str) -> str | None:
+    """The DDP run with the same spec as ``run_id`` except the strategy, if stored and done."""
+    runs = runs.set_index("run_id")
+    me = runs.loc[run_id]
+    fields = _twin_fields(runs.reset_index())
+    for rid, row in runs.iterrows():
+        if row["spec.strategy"] == "ddp" and row["status"] == "done" and all(
+            (pd.isna(row[f]) and pd.isna(me[f])) or row[f] == me[f] for f in fields
+        ):
+            return str(rid)
+    return None
+
+
+def summarize_runs(loaded) -> pd.DataFrame:
+    """One row per run: label, status, final loss, median step time, peak memory (process RSS, and
+    MLX's array peak where recorded), and max |loss - DDP's|."""
+    runs, curves = loaded.runs, loss_curves(loaded)
+    rows = []
+    for _, run in runs.iterrows():
+        mine = curves[curves.run_id == run.run_id].set_index("step")
+        steady = mine[mine.index >= WARMUP_STEPS] if len(mine) > WARMUP_STEPS else mine
+        steps = loaded.steps[loaded.steps.run_id == run.run_id]
+        twin = ddp_twin(runs, run.run_id) if run["spec.strategy"] != "ddp" else run.run_id
+        diff = None
+        if twin is not None and len(mine):
+            ref = curves[curves.run_id == twin].set_index("step").loss
+            both = mine.loss.align(ref, join="inner")
+            diff = float((both[0] - both[1]).abs().max()) if len(both[0]) else None
+        rows.append({
+            "run": run_label(run), "run_id": run.run_id, "status": run.status, "steps": len(mine),
+            "final_loss": float(mine.loss.iloc[-1]) if len(mine) else None,
+            "median_step_ms": float(steady.step_time_s.median() * 1e3) if len(steady) else None,
+            # Process peak RSS is comparable across frameworks; MLX also reports its arrays' peak.
+            "peak_rss_mib": _max_mib(steps, "peak_rss_bytes"),
+            "peak_array_mib": _max_mib(steps, "peak_array_bytes"),
+            "max_abs_loss_diff_to_ddp": diff,
+        })
+    return pd.DataFrame(rows)
+
+
+def _max_mib(steps: pd.DataFrame, column: str) -> float | None:
+    if column not in steps or steps[column].isna().all():
+        return None
+    return float(steps[column].max() / 2**20)
+
+
+def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 420) -> go.Figure:
+    """Global loss against step, one line per run, with the data's entropy floor dashed."""
+    runs, curves = loaded.runs, loss_curves(loaded)
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, xaxis_title="step", yaxis_title="loss (nats per token)",
+                                title="Convergence: every strategy on the same global batches"))
+    for _, run in runs.sort_values(["spec.framework", "spec.strategy"]).iterrows():
+        c = curves[curves.run_id == run.run_id]
+        fig.add_trace(go.Scatter(x=c.step.tolist(), y=c.loss.tolist(), mode="lines", name=run_label(run),
+                                 line=dict(dash="solid" if run["spec.framework"] == "mlx" else "dot")))
+    if floor_nats is not None:
+        fig.add_hline(y=floor_nats, line_dash="dash", line_color="black",
+                      annotation_text=f"entropy rate of the data: {floor_nats:.3f} nats")
+    return fig
+
+
+def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
+    """|loss - DDP's loss| per step for every non-DDP run that has a stored DDP twin (log scale)."""
+    runs, curves = loaded.runs, loss_curves(loaded)
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, xaxis_title="step",
+                                yaxis=dict(title="|loss - DDP loss|", type="log", exponentformat="e"),
+                                title="Difference to DDP (fp32 rounding level is ~1e-7 of the loss)"))
+    for _, run in runs[runs["spec.strategy"] != "ddp"].iterrows():
+        twin = ddp_twin(runs, run.run_id)
+        if twin is None:
+            continue
+        a = curves[curves.run_id == run.run_id].set_index("step").loss
+        b = curves[curves.run_id == twin].set_index("step").loss
+        d = (a - b).abs().dropna().clip(lower=1e-12)  # exact zeros drawn at the bottom of the log axis
+        fig.add_trace(go.Scatter(x=d.index.tolist(), y=d.tolist(), mode="lines+markers", name=run_label(run)))
+    return fig
+
+
+def fig_step_time_memory(summary: pd.DataFrame, *, height: int = 360) -> go.Figure:
+    """Median step time and peak process memory (RSS) per rank, per run (from :func:`summarize_runs`)."""
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, barmode="group",
+                                title="Step time (median after warm-up, slowest rank) and peak process memory (RSS) per rank",
+                                yaxis=dict(title="ms per step"), yaxis2=dict(title="MiB", overlaying="y", side="right")))
+    fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.median_step_ms.tolist(), name="step time (ms)", offsetgroup=0))
+    fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.peak_rss_mib.tolist(), name="peak RSS (MiB)",
+                         yaxis="y2", offsetgroup=1))
+    return fig

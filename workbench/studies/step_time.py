@@ -1,0 +1,150 @@
+"""Step time and communication from stored runs, beside what the models predict.
+
+* :func:`predict_sync_s` -- the alpha-beta time of one step's collectives
+  (:func:`workbench.estimate.comm.estimate_comm` on the run's bucket plan, with the constants
+  :func:`workbench.launch.benchmark.fit_links` fitted per framework and collective kind).
+* :func:`comm_size_table` / :func:`fig_comm_size_sweep` -- per stored run: measured step and
+  sync time and peak memory against ``communication_size``, with the predicted sync time
+  and the memory model's peak (:func:`workbench.runs.estimate.estimate_run_memory`).
+* :func:`pr_step_table` -- DDP against FSDP step time, fp32 and bf16, in the shape of the
+  table of MLX PR #3130.
+* :func:`fig_collective_bandwidth` -- nccl-tests' bus bandwidth against size, and the fit.
+
+Measured times are medians after :data:`workbench.studies.runs.WARMUP_STEPS`, of the slowest rank.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.core.buckets import plan_buckets
+from workbench.core.strategies import MODEL_STRATEGY
+from workbench.estimate.comm import AlphaBeta, CommEstimate, estimate_comm
+from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
+from workbench.studies.runs import WARMUP_STEPS
+from workbench.views.plans import TEMPLATE
+
+#: Run strategy -> the communication model's strategy.
+
+
+def predict_sync_s(comm: CommEstimate, links: Mapping[tuple[str, str], AlphaBeta], framework: str) -> float:
+    """Seconds of one step's collectives, each kind with its own fitted link; nothing overlaps.
+
+    Raises:
+        KeyError: naming the framework and kind with no fitted link.
+    """
+    total = 0.0
+    for c in comm.collectives:
+        if (framework, c.kind) not in links:
+            raise KeyError(f"No fitted link for {framework} {c.kind}: run the collective benchmark for it.")
+        total += float(links[(framework, c.kind)].predict_s(c.rank_bytes, c.num_steps))
+    return total
+
+
+def _steady(steps: pd.DataFrame, column: str) -> float | None:
+    """Median over steps after warm-up of the slowest rank's value."""
+    if column not in steps or steps[column].isna().all():
+        return None
+    per_step = steps.groupby("step")[column].max()
+    per_step = per_step[per_step.index >= WARMUP_STEPS] if len(per_step) > WARMUP_STEPS else per_step
+    return float(per_step.median())
+
+
+def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = None) -> pd.DataFrame:
+    """One row per done run: its ``communication_size``, buckets, measured step / sync ms, peak MiB,
+    and the predictions (sync ms from ``links`` if given; peak MiB from the memory model)."""
+    rows = []
+    runs = loaded.runs
+    for _, run in runs[runs.status == "done"].iterrows():
+        spec = spec_from_row(run)
+        steps = loaded.steps[loaded.steps.run_id == run.run_id]
+        buckets = plan_buckets(run_model_spec(spec), spec["communication_size"])
+        comm = estimate_comm(buckets, MODEL_STRATEGY[spec["strategy"]], spec["num_ranks"])
+        step_s, sync_s = _steady(steps, "step_time_s"), _steady(steps, "sync_time_s")
+        peak = steps["peak_array_bytes"].max() if "peak_array_bytes" in steps and steps["peak_array_bytes"].notna().any() else None
+        rows.append({
+            "run_id": run.run_id, "framework": spec["framework"], "strategy": spec["strategy"],
+            "precision": spec["precision"], "num_params": buckets.spec.num_params,
+            "communication_size": spec["communication_size"], "num_buckets": buckets.num_buckets,
+            "num_collectives": comm.num_collectives, "rank_mib_sent": comm.rank_bytes / 2**20,
+            "step_ms": None if step_s is None else step_s * 1e3,
+            "sync_ms": None if sync_s is None else sync_s * 1e3,
+            "predicted_sync_ms": predict_sync_s(comm, links, spec["framework"]) * 1e3 if links else None,
+            "peak_mib": None if peak is None else float(peak) / 2**20,
+            "predicted_peak_mib": estimate_run_memory(spec).total_bytes / 2**20,
+        })
+    columns = ["run_id", "framework", "strategy", "precision", "num_params", "communication_size", "num_buckets",
+               "num_collectives", "rank_mib_sent", "step_ms", "sync_ms", "predicted_sync_ms", "peak_mib",
+               "predicted_peak_mib"]
+    return pd.DataFrame(rows, columns=columns).sort_values(
+        ["framework", "strategy", "precision", "num_params", "communication_size"], ignore_index=True)
+
+
+def pr_step_table(table: pd.DataFrame, fsdp: str = "fsdp-row") -> pd.DataFrame:
+    """DDP against FSDP median step time in ms, in the columns of MLX PR #3130's table.
+
+    Rows are (parameters, communication size) pairs with at least one DDP or FSDP run; a missing
+    combination is NaN. ``fsdp`` picks the layout (PR #3130's final algorithm is the row layout).
+    """
+    t = table[table.strategy.isin(["ddp", fsdp])]
+    out = t.pivot_table(index=["num_params", "communication_size"], columns=["strategy", "precision"],
+                        values="step_ms", aggfunc="median")
+    names = {("ddp", "float32"): "DDP (ms)", (fsdp, "float32"): "FSDP (ms)",
+             ("ddp", "bfloat16"): "DDP bf16 (ms)", (fsdp, "bfloat16"): "FSDP bf16 (ms)"}
+    out = out.reindex(columns=list(names)).set_axis(list(names.values()), axis=1).reset_index()
+    out.insert(0, "params", [f"{p / 1e6:.1f}M" for p in out.num_params])
+    out.insert(1, "comm size", [f"{c / 2**20:g} MiB" for c in out.communication_size])
+    return out.drop(columns=["num_params", "communication_size"])
+
+
+def fig_comm_size_sweep(table: pd.DataFrame, *, height: int = 460) -> go.Figure:
+    """Measured step and sync time (left) and peak memory (right) against ``communication_size``,
+    each strategy with its prediction dashed."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)", "peak memory per rank (MiB)"))
+    colors = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2"]
+    for i, ((framework, strategy, precision), g) in enumerate(table.groupby(["framework", "strategy", "precision"])):
+        name, color = f"{framework} {strategy} {precision}", colors[i % len(colors)]
+        x = (g.communication_size / 2**20).tolist()
+        series = [(1, "step_ms", "step", "solid"), (1, "sync_ms", "sync", "dot"),
+                  (1, "predicted_sync_ms", "sync predicted", "dash"),
+                  (2, "peak_mib", "peak", "solid"), (2, "predicted_peak_mib", "peak predicted", "dash")]
+        for col, column, what, dash in series:
+            if g[column].isna().all():
+                continue
+            fig.add_trace(go.Scatter(x=x, y=g[column].tolist(), mode="lines+markers", name=f"{name}: {what}",
+                                     legendgroup=name, line=dict(color=color, dash=dash)), row=1, col=col)
+    fig.update_xaxes(type="log", title_text="communication_size (MiB)")
+    fig.update_layout(template=TEMPLATE, height=height, title="communication_size sweep: measured (solid, dotted) "
+                      "and predicted (dashed)")
+    return fig
+
+
+def fig_collective_bandwidth(table: pd.DataFrame, links: Mapping[tuple[str, str], AlphaBeta] | None = None, *,
+                             height: int = 420) -> go.Figure:
+    """Bus bandwidth (nccl-tests' busbw, GB/s) against message size, per framework and collective;
+    the alpha-beta fit as a dashed line where ``links`` has it."""
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, title="Collective bus bandwidth (nccl-tests convention)",
+                                xaxis=dict(title="message size (bytes)", type="log"),
+                                yaxis=dict(title="busbw (GB/s)")))
+    for (framework, kind), g in table.groupby(["framework", "kind"], sort=True):
+        name = f"{framework} {kind}"
+        fig.add_trace(go.Scatter(x=g.size_bytes.tolist(), y=(g.busbw_bytes_per_s / 1e9).tolist(), mode="lines+markers",
+                                 name=name, legendgroup=name))
+        if links and (framework, kind) in links:
+            t = links[(framework, kind)].predict_s(g.rank_bytes.to_numpy(), g.num_steps.to_numpy())
+            busbw = g.rank_bytes.to_numpy() / np.asarray(t) / 1e9  # rank_bytes = V * factor
+            fig.add_trace(go.Scatter(x=g.size_bytes.tolist(), y=busbw.tolist(), mode="lines", name=f"{name} fit",
+                                     legendgroup=name, line=dict(dash="dash"), showlegend=False))
+    return fig
+
+
+def links_table(links: Mapping[tuple[str, str], AlphaBeta]) -> pd.DataFrame:
+    """The fitted constants: latency per ring step in microseconds and bandwidth in GB/s."""
+    return pd.DataFrame([{"framework": f, "kind": k, "alpha_us": ab.alpha_s * 1e6, "beta_gb_per_s": ab.beta_bytes_per_s / 1e9}
+                         for (f, k), ab in sorted(links.items())])

@@ -1,0 +1,2 @@
+"""Figures and controls: ``fig_*`` return plotly figures, ``build_*`` return widgets; no arithmetic.
+"""

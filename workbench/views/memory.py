@@ -1,0 +1,374 @@
+"""Figures, tables and an explorer of the memory model (:mod:`workbench.estimate.memory`).
+
+Every ``fig_*`` returns a plotly figure and never shows it; tables are pandas DataFrames. They
+only draw what :func:`~workbench.estimate.memory.estimate_memory`, :func:`~workbench.estimate.memory.explain_qwen_3_7b`,
+:func:`~workbench.estimate.memory.compare_estimators` and :func:`~workbench.runs.estimate.memory_validation`
+computed, scaled to a display unit (:data:`UNITS`). A breakdown bar is the ``states`` rows plus the
+rows of the transient phase that sets the peak, so its height is ``total_bytes``; the other phase,
+which never coexists with it, is a tick. The explorer wires controls to :func:`estimate_breakdowns`
+and :func:`fig_memory_breakdown` and computes nothing itself.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Mapping, Sequence
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from workbench.estimate.memory import (
+    COMPONENTS,
+    OPTIMIZER_NUM_STATES,
+    PHASES,
+    UPDATE_COPIES,
+    MemoryEstimate,
+    StrategyGap,
+    compare_estimators,
+    compare_strategies,
+    estimate_activation_bytes,
+    estimate_memory,
+)
+from workbench.views.plans import TEMPLATE, _figure, _grid
+from workbench.views.widgets import _show
+
+#: Display units: name -> bytes. GB is decimal, as the ZeRO paper and mlx-lm print.
+UNITS = {"GB": 10**9, "GiB": 2**30, "MB": 10**6, "MiB": 2**20}
+COMPONENT_COLORS = dict(zip(COMPONENTS, (
+    "#4C78A8", "#F58518", "#72B7B2", "#54A24B", "#EECA3B", "#C8C8C8",  # states
+    "#FF9DA6", "#9ECAE9", "#88D27A", "#E45756", "#B279A2", "#D67195",  # step
+    "#9D755D", "#BAB0AC", "#79706E")))  # backward
+#: The ZeRO paper's Figure 1 (arXiv:1910.02054): Psi = 7.5B, N_d = 64, K = 12, GB per device.
+ZERO_FIGURE_1 = {"ddp": ("Baseline", "(2 + 2 + K) Psi", 120.0),
+                 "zero1": ("P_os", "2 Psi + 2 Psi + K Psi / N_d", 31.4),
+                 "zero2": ("P_os+g", "2 Psi + (2 + K) Psi / N_d", 16.6),
+                 "zero3": ("P_os+g+p", "(2 + 2 + K) Psi / N_d", 1.9)}
+#: Mixed-precision Adam as in the ZeRO paper: fp16 parameters and gradients, K = 4 (fp32 master) + 8 (m, v).
+ZERO_PAPER_KNOBS = dict(param_dtype="float16", master_dtype="float32", optimizer="adam")
+#: Rows of :func:`estimator_table`: source -> field of :class:`~workbench.estimate.memory.EstimatorComparison`.
+ESTIMATOR_SOURCES = {"ZeRO paper": "theory_bytes", "Ultra-Scale Playbook": "theory_bytes",
+                     "DeepSpeed code": "deepspeed_code_bytes", "DeepSpeed docs": "deepspeed_docs_bytes",
+                     "workbench": "workbench_bytes"}
+PLAYBOOK_REASON = ("The Ultra-Scale Playbook's ZeRO section uses the paper's mixed-precision 2 Psi + 2 Psi + 12 Psi: "
+                   "the same numbers as theory.")
+EXPLORER_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3")
+POWERS_OF_TWO = tuple(2**k for k in range(11))
+#: The explorer's dropdowns and sliders: control -> options (a given value joins a slider's options).
+EXPLORER_CHOICES = {"param_dtype": ("bfloat16", "float16", "float32"), "master_dtype": (None, "float32"),
+                    "optimizer": tuple(OPTIMIZER_NUM_STATES), "update_copies": UPDATE_COPIES}
+EXPLORER_SLIDERS = {"micro_batch_size": POWERS_OF_TWO[:7], "seq_len": tuple(2**k for k in range(7, 16))}
+#: Marker of the peak, by what sets it (:func:`peak_label`).
+PEAK_SYMBOLS = {"backward": "diamond", "step": "triangle-up", "states only": "circle"}
+
+
+def powers_between(low: int, high: int) -> tuple[int, ...]:
+    """The powers of two from ``low`` to ``high`` (both powers of two in 1..1024), the explorer's N values."""
+    if low not in POWERS_OF_TWO or high not in POWERS_OF_TWO or low > high:
+        raise ValueError(f"num_shards must be (low, high), powers of two in 1..1024 with low <= high; "
+                         f"got {(low, high)!r}.")
+    return POWERS_OF_TWO[POWERS_OF_TWO.index(low):POWERS_OF_TWO.index(high) + 1]
+
+
+def _scale(unit: str) -> int:
+    if unit not in UNITS:
+        raise ValueError(f"unit: unknown {unit!r}; choose one of {', '.join(UNITS)}.")
+    return UNITS[unit]
+
+
+def estimate_breakdowns(model: str, strategies: Sequence[str] = EXPLORER_STRATEGIES,
+                        num_shards: Sequence[int] = (8, 64), *, param_dtype: str = "bfloat16",
+                        master_dtype: str | None = "float32", optimizer: str = "adamw", micro_batch_size: int = 1,
+                        seq_len: int = 2048, update_copies: str = "none") -> list[MemoryEstimate]:
+    """:func:`estimate_memory` of a preset for each strategy and N (strategy-major), activations included.
+
+    Args:
+        model: A preset name of :mod:`workbench.core.presets` (its blocks are the ZeRO-3 units).
+        strategies, num_shards: The grid; N is ranks (the data-parallel degree).
+        param_dtype, master_dtype, optimizer, update_copies: As :func:`estimate_memory` (optimizer states in fp32).
+        micro_batch_size, seq_len: Sequences per rank and tokens per sequence, for
+            :func:`estimate_activation_bytes` (Korthikanti et al., no recomputation).
+
+    Raises:
+        ValueError: naming the knob (``model``, ``num_shards``, ``strategy``, ``seq_len``...).
+    """
+    from workbench.core.presets import PRESETS, get_preset
+
+    if model not in PRESETS:
+        raise ValueError(f"model: unknown preset {model!r}; known: {', '.join(sorted(PRESETS))}.")
+    if not strategies or not num_shards:
+        raise ValueError(f"strategies and num_shards must be non-empty, got {strategies!r} and {num_shards!r}.")
+    try:
+        spec = get_preset(model, param_dtype)
+    except ValueError as err:
+        raise ValueError(f"param_dtype: {err}") from None
+    act = estimate_activation_bytes(seq_len=seq_len, micro_batch_size=micro_batch_size, config=model)
+    return [estimate_memory(spec, s, n, param_dtype=param_dtype, master_dtype=master_dtype, optimizer=optimizer,
+                            activation_bytes=act, update_copies=update_copies) for s in strategies for n in num_shards]
+
+
+def peak_label(estimate: MemoryEstimate) -> str:
+    """The phase that sets the peak (``"step"`` or ``"backward"``), or ``"states only"`` with no transients."""
+    return estimate.peak_phase if estimate.total_bytes > estimate.phase_bytes("states") else "states only"
+
+
+def breakdown_summary(estimates: Sequence[MemoryEstimate], unit: str = "GB") -> str:
+    """The peaks at the largest N of ``estimates``, per strategy, in ``unit``, with the phase that sets each."""
+    scale, n = _scale(unit), max(e.num_shards for e in estimates)
+    return f"N={n}: " + ", ".join(f"{e.strategy} {e.total_bytes / scale:.2f} {unit} ({peak_label(e)})"
+                                  for e in estimates if e.num_shards == n)
+
+
+def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB",
+                         labels: Mapping[str, str] | None = None, title: str | None = None,
+                         height: int = 460) -> go.Figure:
+    """Stacked bars of per-rank memory, one bar per estimate (x: strategy, then N), one colour per component.
+
+    A bar stacks the ``states`` rows (solid) and the rows of the phase that sets the peak
+    (hatched), so it ends at ``total_bytes``, where a marker (one trace per phase, named
+    ``"peak, set by <phase>"``, symbols :data:`PEAK_SYMBOLS`) gives it; a tick marks where the
+    other transient phase would end (it never coexists with the first).
+
+    Args:
+        estimates: From :func:`estimate_memory` (e.g. :func:`estimate_breakdowns`).
+        unit: A key of :data:`UNITS` for the y axis.
+        labels: Display names of strategies (default: the strategy names).
+        title: Default: the parameter count and how to read the bars.
+        height: Pixels.
+
+    Raises:
+        ValueError: on no estimates or an unknown unit.
+    """
+    if not estimates:
+        raise ValueError("estimates: need at least one MemoryEstimate.")
+    scale, labels = _scale(unit), labels or {}
+    x = [[labels.get(e.strategy, e.strategy) for e in estimates], [f"N={e.num_shards}" for e in estimates]]
+    traces = []
+    for name in COMPONENTS:
+        y = [e[name] / scale if name in PHASES["states"] or name in PHASES[e.peak_phase] else 0.0 for e in estimates]
+        if any(y):
+            transient = name not in PHASES["states"]
+            traces.append(dict(type="bar", x=x, y=y, name=name, marker=dict(
+                color=COMPONENT_COLORS[name], line=dict(width=0), pattern=dict(shape="/" if transient else "")),
+                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} {unit}<extra></extra>"))
+    other = [e.phase_bytes("backward" if e.peak_phase == "step" else "step") for e in estimates]
+    for phase, symbol in PEAK_SYMBOLS.items():
+        k = [i for i, e in enumerate(estimates) if peak_label(e) == phase]
+        if k:
+            traces.append(dict(type="scatter", x=[[x[0][i] for i in k], [x[1][i] for i in k]], mode="markers+text",
+                               y=[estimates[i].total_bytes / scale for i in k], name=f"peak, set by {phase}",
+                               text=[f"{estimates[i].total_bytes / scale:.3g}" for i in k], textposition="top center",
+                               marker=dict(color="#333333", symbol=symbol, size=9),
+                               hovertemplate=f"%{{x}}<br>peak %{{y:.3f}} {unit}, set by {phase}<extra></extra>"))
+    traces.append(dict(type="scatter", x=x, y=[(e.phase_bytes("states") + o) / scale if o else None
+                                               for e, o in zip(estimates, other)],
+                       mode="markers", name="other transient phase (never coexists)",
+                       marker=dict(color="#333333", symbol="line-ew-open", size=18, line=dict(width=2)),
+                       hovertemplate=f"%{{x}}<br>states + other phase: %{{y:.3f}} {unit}<extra></extra>"))
+    psi = estimates[0].num_params
+    title = title or (f"Memory per rank at the peak, {psi / 1e9:.3g}B parameters<br><sup>solid: model states; "
+                      "hatched: the transient phase that sets the peak (backward or step)</sup>")
+    layout = dict(barmode="stack", yaxis=dict(title=dict(text=f"{unit} per rank")), xaxis=dict(type="multicategory"))
+    return _figure(traces, layout, title, height)
+
+
+def zero_figure_1_table(psi: int = 7_500_000_000, num_shards: int = 64) -> "pd.DataFrame":
+    """The paper's Figure 1 numbers (GB; they hold for the defaults) against the workbench, one row per ZeRO stage.
+
+    Columns: ``stage``, ``strategy``, ``formula``, ``paper_gb``, ``workbench_gb``, ``matches_paper`` (to 0.1 GB).
+    """
+    import pandas as pd
+
+    estimates = compare_strategies(psi, num_shards, tuple(ZERO_FIGURE_1), **ZERO_PAPER_KNOBS)
+    return pd.DataFrame([{"stage": stage, "strategy": s, "formula": formula, "paper_gb": paper,
+                          "workbench_gb": estimates[s].total_bytes / 1e9,
+                          "matches_paper": round(estimates[s].total_bytes / 1e9, 1) == paper}
+                         for s, (stage, formula, paper) in ZERO_FIGURE_1.items()])
+
+
+def fig_zero_figure_1(psi: int = 7_500_000_000, num_shards: int = 64, *, height: int = 420) -> go.Figure:
+    """The ZeRO paper's Figure 1 as stacked bars, with the paper's printed numbers as markers."""
+    estimates = compare_strategies(psi, num_shards, tuple(ZERO_FIGURE_1), **ZERO_PAPER_KNOBS)
+    fig = fig_memory_breakdown(list(estimates.values()), labels={s: v[0] for s, v in ZERO_FIGURE_1.items()},
+                               height=height, title=f"ZeRO paper, Figure 1: Psi = {psi / 1e9:.3g}B, N_d = {num_shards},"
+                               " K = 12 (fp32 master + Adam m, v)<br><sup>bars: workbench; circles: the paper</sup>")
+    fig.add_trace(go.Scatter(x=fig.data[0].x, y=[v[2] for v in ZERO_FIGURE_1.values()], mode="markers",
+                             name="paper (GB)", marker=dict(symbol="circle-open", size=14, color="#B00020")))
+    return fig
+
+
+def fig_qwen_gap(gap: StrategyGap, *, unit: str = "GB", height: int = 460) -> go.Figure:
+    """Measured peaks of the baseline and candidate, component by component, and the gap between them.
+
+    Left: each measured peak as the estimated components plus what the model leaves out
+    (``measured - estimate``: activations, temporaries, allocator cache). Right: a waterfall from
+    the baseline's measured peak, down by each component's predicted difference and the
+    unexplained residual, to the candidate's measured peak.
+    """
+    scale = _scale(unit)
+    b, c = gap.baseline, gap.candidate
+    names = [n for n in COMPONENTS if b[n] or c[n]]
+    layout, ((x1, y1), (x2, y2)) = _grid(1, 2, ("measured peak = modelled components + unmodelled",
+                                                 f"{b.strategy} - {c.strategy}, component by component"))
+    x = [f"{b.strategy} (measured {gap.measured_baseline_bytes / scale:.1f})",
+         f"{c.strategy} (measured {gap.measured_candidate_bytes / scale:.1f})"]
+    traces = [dict(type="bar", x=x, y=[b[n] / scale, c[n] / scale], name=n, xaxis=x1, yaxis=y1,
+                   marker=dict(color=COMPONENT_COLORS[n])) for n in names]
+    traces.append(dict(type="bar", x=x, y=[gap.unmodelled_baseline_bytes / scale,
+                                           (gap.measured_candidate_bytes - c.total_bytes) / scale],
+                       name="unmodelled (activations, temporaries, cache)", xaxis=x1, yaxis=y1,
+                       marker=dict(color="#DDDDDD", pattern=dict(shape="."))))
+    diffs = [(n, -gap.component_difference_bytes[n]) for n in names if gap.component_difference_bytes[n]]
+    steps = ([(f"{b.strategy} measured", gap.measured_baseline_bytes, "absolute")]
+             + [(f"{n} (predicted)", d, "relative") for n, d in diffs]
+             + [("residual (unexplained)", -gap.residual_bytes, "relative"),
+                (f"{c.strategy} measured", gap.measured_candidate_bytes, "total")])
+    traces.append(dict(type="waterfall", x=[s[0] for s in steps], y=[s[1] / scale for s in steps],
+                       measure=[s[2] for s in steps], xaxis=x2, yaxis=y2, name="gap", showlegend=False,
+                       text=[f"{s[1] / scale:+.2f}" if s[2] == "relative" else f"{s[1] / scale:.2f}" for s in steps],
+                       textposition="outside", connector=dict(line=dict(color="#999999"))))
+    share = gap.predicted_difference_bytes / gap.measured_difference_bytes if gap.measured_difference_bytes else 0
+    title = (f"Why {b.strategy} peaks {gap.measured_difference_bytes / scale:.1f} {unit} above {c.strategy} "
+             f"(N={b.num_shards}): the model explains {gap.predicted_difference_bytes / scale:.1f} {unit} "
+             f"({share:.0%})<br><sup>residual {gap.residual_bytes / scale:.2f} {unit}</sup>")
+    layout.update(barmode="stack", yaxis=dict(layout["yaxis"], title=dict(text=unit)),
+                  yaxis2=dict(layout["yaxis2"], title=dict(text=unit)))
+    return _figure(traces, layout, title, height)
+
+
+def estimator_table(psi: int, num_shards: int, *, largest_layer_params: int = 0,
+                    stages: Sequence[int] = (2, 3)) -> "pd.DataFrame":
+    """The same case by the ZeRO paper, the Ultra-Scale Playbook, DeepSpeed's code and docs, and the workbench.
+
+    Columns: ``stage``, ``source``, ``gb`` (10**9 bytes), ``gib`` (2**30: what DeepSpeed's
+    estimator prints), ``reason``. The playbook uses the paper's 2 Psi + 2 Psi + 12 Psi, so its row
+    equals the paper's. Per GPU, no offload (see :func:`~workbench.estimate.memory.compare_estimators`).
+    """
+    import pandas as pd
+
+    return pd.DataFrame([
+        {"stage": stage, "source": source, "gb": getattr(cmp, key) / 1e9, "gib": getattr(cmp, key) / 2**30,
+         "reason": PLAYBOOK_REASON if source == "Ultra-Scale Playbook" else cmp.reasons[key]}
+        for stage in stages
+        for cmp in [compare_estimators(psi, num_shards, stage=stage, largest_layer_params=largest_layer_params)]
+        for source, key in ESTIMATOR_SOURCES.items()])
+
+
+def _worst_rows(table: "pd.DataFrame") -> "pd.DataFrame":
+    worst = table.assign(error=(table.ratio - 1).abs()).sort_values("error", ascending=False)
+    return worst.drop_duplicates(["run", "component"]).sort_values(["framework", "strategy"])
+
+
+def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: int = 420) -> go.Figure:
+    """Measured (bars) against predicted (diamonds, with the tolerance as error bars) per run and component.
+
+    One subplot per component (parameters, optimizer_state, peak); each run shows its worst rank
+    (largest |ratio - 1|), the ratio written on the bar. Green: within target; red: outside; grey:
+    no target (the JAX peak is XLA's buffer plan).
+
+    Args:
+        table: :func:`workbench.runs.estimate.memory_validation` output.
+
+    Raises:
+        ValueError: on an empty table (no done runs with measurements) or an unknown unit.
+    """
+    scale = _scale(unit)
+    if table is None or table.empty:
+        raise ValueError("table: no rows (no done runs with measurements in this store).")
+    components = [c for c in ("parameters", "optimizer_state", "peak") if c in set(table.component)]
+    layout, refs = _grid(1, len(components), components, hspace=0.06)
+    rows, traces = _worst_rows(table), []
+    for k, (comp, (xr, yr)) in enumerate(zip(components, refs)):
+        r = rows[rows.component == comp]
+        color = ["#9D9D9D" if w is None or w != w else ("#54A24B" if w else "#E45756") for w in r.within]
+        traces.append(dict(type="bar", x=r.run.tolist(), y=(r.measured_bytes / scale).tolist(), name="measured",
+                           showlegend=k == 0, legendgroup="m", xaxis=xr, yaxis=yr, marker=dict(color=color),
+                           text=[f"{v:.3f}" for v in r.ratio], textposition="inside", insidetextanchor="start",
+                           customdata=r["source"].tolist(),
+                           hovertemplate=f"%{{x}}<br>measured %{{y:.3f}} {unit}<br>ratio %{{text}}<br>%{{customdata}}"
+                                         "<extra></extra>"))
+        tol = [0.0 if t is None or t != t else t for t in r.tolerance]
+        traces.append(dict(type="scatter", x=r.run.tolist(), y=(r.predicted_bytes / scale).tolist(), mode="markers",
+                           name="predicted (± tolerance)", showlegend=k == 0, legendgroup="p", xaxis=xr, yaxis=yr,
+                           marker=dict(symbol="diamond", color="#333333", size=9),
+                           error_y=dict(type="data", array=[p * t / scale for p, t in zip(r.predicted_bytes, tol)]),
+                           hovertemplate=f"%{{x}}<br>predicted %{{y:.3f}} {unit}<extra></extra>"))
+        if k == 0:
+            layout["yaxis"].update(title=dict(text=unit))
+    title = ("Memory model against stored runs: measured / predicted per rank (worst rank shown)"
+             "<br><sup>targets: parameters and optimizer state 5%, MLX peak 10%; JAX peak (grey) is XLA's plan</sup>")
+    return _figure(traces, layout, title, height)
+
+
+class MemoryExplorer(widgets.VBox):
+    """Controls, a breakdown FigureWidget and a status line; see :func:`build_memory_explorer`.
+
+    Attributes:
+        controls: ``{name: widget}``: ``model``, ``param_dtype``, ``master_dtype``, ``optimizer``,
+            ``update_copies``, ``micro_batch_size``, ``seq_len``, ``num_shards`` (a range of powers
+            of two).
+        figure: The breakdown :class:`plotly.graph_objects.FigureWidget`.
+        status: An HTML line: the peaks on screen, or the error that kept the last figure.
+        estimates: The estimates on screen.
+    """
+
+    def __init__(self, model: str, num_shards: tuple[int, int], **values) -> None:
+        super().__init__()
+        from workbench.core.presets import list_presets
+
+        estimate_breakdowns(model, num_shards=powers_between(*num_shards)[:1], **values)  # a bad knob raises here
+        for name, options in EXPLORER_CHOICES.items():
+            if values[name] not in options:
+                raise ValueError(f"{name} must be one of {list(options)} in the explorer, got {values[name]!r}.")
+        wide = dict(style={"description_width": "initial"})
+        self.controls: dict[str, widgets.Widget] = {
+            "model": widgets.Dropdown(options=list_presets(), value=model, description="model", **wide),
+            **{name: widgets.Dropdown(options=[(str(o).replace("None", "none"), o) for o in options],
+                                      value=values[name], description=name, **wide)
+               for name, options in EXPLORER_CHOICES.items()},
+            **{name: widgets.SelectionSlider(options=sorted({*options, values[name]}), value=values[name],
+                                             description=name, continuous_update=False, **wide)
+               for name, options in EXPLORER_SLIDERS.items()},
+            "num_shards": widgets.SelectionRangeSlider(
+                options=POWERS_OF_TWO, value=tuple(num_shards), description="num_shards (N)",
+                continuous_update=False, layout=widgets.Layout(width="460px"), **wide),
+        }
+        self.figure = go.FigureWidget(layout=dict(template=TEMPLATE))
+        self.status, self.estimates, self._keys = widgets.HTML(), [], set()
+        c = self.controls
+        self.children = [widgets.HBox([c["model"], c["param_dtype"], c["master_dtype"]]),
+                         widgets.HBox([c["optimizer"], c["update_copies"]]),
+                         widgets.HBox([c["micro_batch_size"], c["seq_len"], c["num_shards"]]), self.status, self.figure]
+        for control in c.values():
+            control.observe(lambda change: self.update(), names="value")
+        self.update()
+
+    def update(self) -> bool:
+        """Recompute from the controls; on a ``ValueError`` keep the last figure, show the error, return False."""
+        v = {name: control.value for name, control in self.controls.items()}
+        try:
+            estimates = estimate_breakdowns(v.pop("model"), num_shards=powers_between(*v.pop("num_shards")), **v)
+            fig = fig_memory_breakdown(estimates)
+        except ValueError as err:
+            self.status.value = f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span>"
+            return False
+        self._keys, self.estimates = _show(self.figure, fig, self._keys), estimates
+        self.status.value = html.escape(breakdown_summary(estimates))
+        return True
+
+
+def build_memory_explorer(model: str = "llama-3-8b", *, num_shards: tuple[int, int] = (8, 64),
+                          param_dtype: str = "bfloat16", master_dtype: str | None = "float32",
+                          optimizer: str = "adamw", micro_batch_size: int = 1, seq_len: int = 2048,
+                          update_copies: str = "none") -> MemoryExplorer:
+    """An explorer of per-rank memory for every strategy of :data:`EXPLORER_STRATEGIES` against N.
+
+    Args:
+        model: A preset name. num_shards: ``(low, high)``, powers of two in 1..1024: every power between.
+        param_dtype, master_dtype, optimizer, update_copies: As :func:`estimate_memory`.
+        micro_batch_size: Sequences per rank. seq_len: Tokens per sequence.
+
+    Raises:
+        ValueError: naming the bad knob.
+    """
+    return MemoryExplorer(model, num_shards, param_dtype=param_dtype, master_dtype=master_dtype, optimizer=optimizer,
+                          micro_batch_size=micro_batch_size, seq_len=seq_len, update_copies=update_copies)
