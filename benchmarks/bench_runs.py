@@ -21,9 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.launch.driver import RunSpec, StepWatchdog, _peak_memory_mlx, peak_rss_bytes
+from workbench.launch.driver import StepWatchdog
 from workbench.launch.engines import start_engines
 from workbench.launch.plan import plan_launch
+from workbench.ranks.probes import peak_array_bytes, peak_rss_bytes
+from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, load_runs
 from workbench.studies.runs import summarize_runs
 
@@ -52,7 +54,7 @@ def main() -> None:
         handle = RunStore(Path(tmp)).create(spec.to_dict())
         row = {"step": 0, "rank": 0, "loss": 1.0, "grad_norm": 1.0, "step_time_s": 0.01}
         rank_cost = per_call_s(lambda: handle.append_steps([{**row, "peak_rss_bytes": peak_rss_bytes(),
-                                                               "peak_array_bytes": _peak_memory_mlx()}]))
+                                                               "peak_array_bytes": peak_array_bytes()}]))
         watchdog = StepWatchdog(handle.folder / "steps.jsonl", 60, 60, None, 2)
         poll_cost = per_call_s(watchdog, 20000)
     driver_share = poll_cost * 10  # polls every 0.1 s: seconds of CPU per second of run

@@ -25,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workbench.launch.driver import RunSpec, run_training
+from workbench.launch.driver import run_training
 from workbench.publish.slides import REFERENCE_STORES, reference_runs_dir
+from workbench.runs.spec import RunSpec
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench.launch.driver import RunSpec
+from workbench.runs.spec import RunSpec
 from workbench.studies.accumulation import accumulation_specs, expected_bytes, expected_collectives
 
 MODEL = dict(vocab_size=32, seq_len=16, dim=32, num_layers=2, num_heads=2, mlp_dim=64)

@@ -15,7 +15,8 @@ import time
 import nbformat
 import pytest
 
-from workbench.publish.buildlog import ProgressPrinter, format_duration
+from workbench.core.events import format_duration
+from workbench.publish.buildlog import ProgressPrinter
 
 TINY = dict(vocab_size=32, seq_len=8, dim=16, num_layers=1, num_heads=2, mlp_dim=32)
 

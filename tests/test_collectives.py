@@ -7,21 +7,18 @@ from workbench.core.buckets import plan_buckets
 from workbench.core.strategies import MODEL_STRATEGY
 from workbench.core.units import MiB
 from workbench.estimate.comm import AlphaBeta, bus_factor, estimate_comm, fit_alpha_beta
-from workbench.launch.benchmark import (
-    KINDS,
-    benchmark_spec,
-    fit_links,
-    load_collective_benchmarks,
-    run_collective_benchmark,
-)
-from workbench.launch.driver import RunSpec, run_training
+from workbench.launch.benchmark import KINDS, benchmark_spec, run_collective_benchmark
+from workbench.launch.driver import run_training
 from workbench.runs.estimate import estimate_run_memory, run_model_spec
+from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, load_runs
 from workbench.studies.runs import WARMUP_STEPS
 from workbench.studies.step_time import (
     comm_size_table,
     fig_collective_bandwidth,
     fig_comm_size_sweep,
+    fit_links,
+    load_collective_benchmarks,
     pr_step_table,
     predict_sync_s,
 )

@@ -12,15 +12,10 @@ from hypothesis import strategies as st
 from workbench import MiB, ModelSpec, ParamSpec, format_bytes, plan_buckets, plan_shards
 from workbench.core.presets import get_preset
 from workbench.views import plans as figures
-from workbench.views.plans import (
-    fig_bucket_layout,
-    fig_buckets_vs_size,
-    fig_layout_metrics,
-    fig_padding_vs_shards,
-    fig_rank_load,
-    fig_shard_map,
-    param_kind,
-)
+from workbench.views import style
+from workbench.views.plans import fig_bucket_layout, fig_buckets_vs_size, fig_layout_metrics, fig_padding_vs_shards
+from workbench.views.shard_map import fig_rank_load, fig_shard_map
+from workbench.views.style import param_kind
 
 
 def llama70b_like() -> ModelSpec:
@@ -122,7 +117,7 @@ def test_bucket_layout_colours_by_kind():
     by_name = {t.name: t for t in bars(fig)}
     assert set(by_name) == {"embedding", "attention", "mlp", "norm"}
     assert all(param_kind(row[0]) == name for name, t in by_name.items() for row in t.customdata)
-    assert by_name["mlp"].marker.color == figures.KIND_COLORS["mlp"]
+    assert by_name["mlp"].marker.color == style.KIND_COLORS["mlp"]
 
 
 @pytest.mark.parametrize("limit, level", [(11, "kind run"), (3, "bucket")])
@@ -168,7 +163,7 @@ def test_shard_map_side_by_side_and_padding_grey():
     assert {t.xaxis for t in fig.data} == {"x", "x2"}
     assert [a.text.split(":")[0] for a in fig.layout.annotations] == ["row", "flat"]
     padding = [t for t in fig.data if t.name == "padding"]
-    assert padding and all(t.marker.color == figures.PADDING_COLOR for t in padding)
+    assert padding and all(t.marker.color == style.PADDING_COLOR for t in padding)
     assert sum(1 for t in padding if t.showlegend) == 1
     # flat: 31 elements in 4 chunks of 8, the last rank pads 1
     _, pad = shard_segments(fig, 1)

@@ -231,7 +231,8 @@ def test_bad_inputs_are_refused_by_name():
 def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(tmp_path):
     """Real ipyparallel engines, two JAX processes over gloo: fsdp-row with G=2 per-micro-batch sync
     counts G reduce-scatters per bucket in every step row and matches the G=1 run's losses."""
-    from workbench.launch.driver import RunSpec, run_training
+    from workbench.launch.driver import run_training
+    from workbench.runs.spec import RunSpec
     from workbench.runs.store import load_runs
 
     tiny = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)

@@ -175,7 +175,7 @@ def reference():
 
 @pytest.fixture(scope="module")
 def validation():
-    from workbench.runs.estimate import memory_validation
+    from workbench.studies.memory import memory_validation
 
     return memory_validation(load_runs(slides.reference_runs_dir("memory")))
 

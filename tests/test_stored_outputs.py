@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from workbench.publish.notebook import FIGURE_DIGITS, reader_json
-from workbench.views.plans import TEMPLATE
+from workbench.views.style import TEMPLATE
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))

@@ -7,7 +7,8 @@ batches from the same init, so each must reproduce DDP's loss curve step for ste
 import numpy as np
 import pytest
 
-from workbench.launch.driver import RunSpec, run_training
+from workbench.launch.driver import run_training
+from workbench.runs.spec import RunSpec
 from workbench.runs.store import load_runs
 
 TINY = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)

@@ -3,17 +3,11 @@
 import pytest
 
 from workbench.estimate.memory import PHASES
-from workbench.launch.driver import RunSpec, run_training
-from workbench.runs.estimate import (
-    COMPONENT_TOLERANCE,
-    PEAK_TOLERANCE,
-    VALIDATION_MODEL,
-    estimate_run_memory,
-    memory_validation,
-    memory_validation_summary,
-    spec_from_row,
-)
+from workbench.launch.driver import run_training
+from workbench.runs.estimate import estimate_run_memory, spec_from_row
+from workbench.runs.spec import VALIDATION_MODEL, RunSpec
 from workbench.runs.store import load_runs
+from workbench.studies.memory import COMPONENT_TOLERANCE, PEAK_TOLERANCE, memory_validation, memory_validation_summary
 
 
 def spec(framework, strategy, **kw):

@@ -8,7 +8,8 @@ import pytest
 
 from workbench import MiB, ModelSpec, plan_buckets
 from workbench.core.presets import get_preset
-from workbench.views.plans import fig_bucket_layout, fig_layout_metrics, fig_rank_load, fig_shard_map
+from workbench.views.plans import fig_bucket_layout, fig_layout_metrics
+from workbench.views.shard_map import fig_rank_load, fig_shard_map
 from workbench.views.widgets import FIGURES, build_layout_explorer
 
 

@@ -27,7 +27,8 @@ def _deck_line(r) -> str:
 def _build(args) -> int:
     import time
 
-    from workbench.publish.buildlog import ProgressPrinter, format_duration
+    from workbench.core.events import format_duration
+    from workbench.publish.buildlog import ProgressPrinter
     from workbench.publish.nbtools import BuildError, build_notebooks
     from workbench.publish.slides import DECK_NOTEBOOK, export_slides
 

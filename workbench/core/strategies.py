@@ -2,7 +2,7 @@
 
 Two vocabularies meet here. The memory and communication models (:mod:`workbench.estimate.memory`,
 :mod:`workbench.estimate.comm`) speak of ZeRO stages and FSDP variants; a training run
-(:class:`workbench.launch.driver.RunSpec`) is one of four steps the workbench implements. Each run
+(:class:`workbench.runs.spec.RunSpec`) is one of four steps the workbench implements. Each run
 strategy is modelled as one model strategy.
 """
 

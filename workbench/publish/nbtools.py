@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.core import paths
-from workbench.publish.buildlog import PROGRESS_ENV
+from workbench.core.events import PROGRESS_ENV
 
 NOTEBOOK_DIR = paths.NOTEBOOK_DIR
 CDN_PATTERN = re.compile(r'<script[^>]+src="(https?://[^"]+)"')

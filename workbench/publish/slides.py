@@ -42,8 +42,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.core import paths
-from workbench.runs.estimate import VALIDATION_MODEL
-from workbench.views.plans import TEMPLATE
+from workbench.runs.spec import VALIDATION_MODEL
+from workbench.views.style import TEMPLATE
 
 VENDOR_DIR = paths.VENDOR_DIR / "slides"
 DECK_NOTEBOOK = paths.NOTEBOOK_DIR / "00_design_review.ipynb"
@@ -143,7 +143,7 @@ def key_numbers(gap, validation: pd.DataFrame) -> pd.Series:
 
     Args:
         gap: :func:`workbench.estimate.memory.explain_qwen_3_7b` (MLX PR #3130's measured peaks).
-        validation: :func:`workbench.runs.estimate.memory_validation` of the reference runs.
+        validation: :func:`workbench.studies.memory.memory_validation` of the reference runs.
 
     Raises:
         ValueError: if ``validation`` lacks the MLX DDP and FSDP runs it compares.

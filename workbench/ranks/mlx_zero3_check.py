@@ -143,7 +143,7 @@ def peak_of_step(make) -> dict:
 def part_memory(group) -> dict:
     rank, size = group.rank(), group.size()
 
-    def plain(strategy):  # the loop of workbench.launch.driver._train_mlx
+    def plain(strategy):  # the loop of workbench.ranks.train_mlx.train_mlx
         model, opt = build(LARGE), adamw()
         value_and_grad = nn.value_and_grad(model, lm_loss)
 

@@ -1,4 +1,4 @@
-"""One rank of a JAX training run: the JAX twin of :func:`workbench.launch.driver._train_mlx`.
+"""One rank of a JAX training run: the JAX twin of :func:`workbench.ranks.train_mlx.train_mlx`.
 
 :func:`train_jax` runs in one process with one CPU device (the launch plan's environment,
 :func:`workbench.launch.plan.plan_launch`); cross-process collectives go through gloo over the
@@ -153,7 +153,7 @@ def observed_collective_path(program_text: str, num_ranks: int) -> str:
 
 
 def train_jax(spec, handle) -> dict:
-    """One rank of a JAX run of ``spec`` (a :class:`~workbench.launch.driver.RunSpec`), appending to ``handle``.
+    """One rank of a JAX run of ``spec`` (a :class:`~workbench.runs.spec.RunSpec`), appending to ``handle``.
 
     Every step appends ``{"step", "rank", "loss", "loss_scope": "global", "grad_norm",
     "step_time_s", "peak_rss_bytes", "num_collectives"}``: ``loss`` is the *global* mean
@@ -182,10 +182,10 @@ def train_jax(spec, handle) -> dict:
     from workbench.adapters.jax.accum import compiled_program_counts
     from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
     from workbench.adapters.jax.zero3 import make_zero3_step
-    from workbench.launch.driver import _versions, peak_rss_bytes
     from workbench.models.data import make_markov_chain, sample_batch
     from workbench.models.init import init_lm_params
     from workbench.models.jax_lm import make_loss_fn
+    from workbench.ranks.probes import package_versions, peak_rss_bytes
 
     cfg = spec.config
     # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
@@ -255,7 +255,7 @@ def train_jax(spec, handle) -> dict:
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
                "compiled_collectives": compiled_collectives,
                "peak_rss_bytes": peak_rss_bytes(),
-               "versions": _versions()}
+               "versions": package_versions()}
     if compiled_memory is not None:
         summary["compiled_memory"] = compiled_memory
     return summary

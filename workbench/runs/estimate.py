@@ -1,25 +1,17 @@
-"""The memory model against measurement: the estimate for a run's spec, and the two side by side.
+"""The memory model for a run: the estimate made from the same spec the ranks trained.
 
-:func:`estimate_run_memory` turns a :class:`~workbench.launch.driver.RunSpec` into the
+:func:`estimate_run_memory` turns a :class:`~workbench.runs.spec.RunSpec` into the
 :func:`~workbench.estimate.memory.estimate_memory` call that describes it: the LM's parameter shapes,
 the strategy, precision and optimizer, the bucket and shard plans of its
 ``communication_size``, activations, and how the framework's step updates (MLX returns a new
 parameter tree and reuses optimizer buffers; a jitted JAX step without donation returns new
-parameters and new optimizer state). :func:`memory_validation` compares it, per run and rank,
-with what the ranks measured (:mod:`workbench.launch.driver` stores it in every run record):
-
-* ``parameters`` and ``optimizer_state``: bytes of the live arrays on the rank (MLX arrays; the
-  JAX device's shards). Target: within :data:`COMPONENT_TOLERANCE`.
-* ``peak``: MLX's ``mx.get_peak_memory`` over the run (its allocator's high-water mark of array
-  bytes); JAX on CPU has no allocator statistics, so its ``peak`` is XLA's buffer plan of the
-  compiled step (arguments + outputs + temporaries). Target: within :data:`PEAK_TOLERANCE`
-  for MLX. XLA's plan reuses output buffers for gradients where it can, which a closed formula
-  does not follow: the JAX peak is reported, with its ratio, but not held to the target.
+parameters and new optimizer state). :mod:`workbench.studies.memory` sets it beside what the
+ranks measured.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
@@ -28,17 +20,8 @@ from workbench.core.strategies import MODEL_STRATEGY
 from workbench.estimate.memory import MemoryEstimate, estimate_activation_bytes, estimate_memory
 from workbench.models.init import LMConfig, lm_param_shapes
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-#: The LM the validation runs use: model states dominate (13.7 MB of fp32 parameters; with 4
-#: sequences per rank the activations stay below the step's transients), as in a real FSDP run.
-VALIDATION_MODEL = dict(vocab_size=512, seq_len=32, dim=256, num_layers=4, num_heads=4, mlp_dim=1024)
-COMPONENT_TOLERANCE = 0.05
-PEAK_TOLERANCE = 0.10
-#: Run strategy -> the memory model's strategy.
 #: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).
-UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
+FRAMEWORK_UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
 
 
 def run_model_spec(spec: Any) -> ModelSpec:
@@ -68,7 +51,7 @@ def estimate_run_activation_bytes(config: LMConfig, micro_batch_size: int, dtype
 
 
 def estimate_run_memory(spec: Any) -> MemoryEstimate:
-    """Per-rank memory estimate of a run (a :class:`~workbench.launch.driver.RunSpec` or its dict).
+    """Per-rank memory estimate of a run (a :class:`~workbench.runs.spec.RunSpec` or its dict).
 
     The bucket plan is MLX's rule at ``communication_size`` (the JAX FSDP step uses the same
     plan); ``fsdp-full`` is ZeRO-3 with one unit per transformer block plus the root. With
@@ -93,20 +76,11 @@ def estimate_run_memory(spec: Any) -> MemoryEstimate:
     return estimate_memory(
         model, MODEL_STRATEGY[strategy], n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
         optimizer_state_dtype=precision, bucket_plan=buckets if strategy != "fsdp-full" else None,
-        shard_plan=shard_plan, update_copies=UPDATE_COPIES[fields["framework"]],
+        shard_plan=shard_plan, update_copies=FRAMEWORK_UPDATE_COPIES[fields["framework"]],
         num_microbatches=g, defer_sync=defer,
         unit_buffers="mlx" if strategy == "fsdp-full" and fields["framework"] == "mlx" else "parameters_and_gradients",
         activation_bytes=estimate_run_activation_bytes(config, fields["global_batch"] // (n * g), precision,
                                                        recompute=recompute))
-
-
-def predicted_components(estimate: MemoryEstimate) -> dict[str, int]:
-    """The estimate in the terms a rank can measure: parameters, optimizer state (with master
-    weights and the flat layout's padding, which lives in the sharded state), and the peak."""
-    padding = estimate["flat_padding"] if estimate.strategy in ("zero1", "zero2", "fsdp") else 0
-    return {"parameters": estimate["parameters"],
-            "optimizer_state": estimate["optimizer_state"] + estimate["master_weights"] + padding,
-            "peak": estimate.total_bytes}
 
 
 def spec_from_row(run: Mapping[str, Any]) -> dict:
@@ -128,58 +102,3 @@ def spec_from_row(run: Mapping[str, Any]) -> dict:
     return spec
 
 
-def memory_validation(loaded) -> "pd.DataFrame":
-    """Predicted against measured memory, one row per (done run, rank, component).
-
-    Args:
-        loaded: :func:`workbench.runs.store.load_runs` output.
-
-    Returns:
-        Columns ``run``, ``run_id``, ``framework``, ``strategy``, ``rank``, ``component``
-        (``parameters``, ``optimizer_state``, ``peak``), ``predicted_bytes``, ``measured_bytes``,
-        ``ratio`` (measured / predicted), ``tolerance`` (None where no target applies: the JAX
-        peak), ``within`` (bool or None) and ``source`` (how it was measured). Runs recorded
-        before measurements were stored contribute no rows.
-    """
-    import pandas as pd
-
-    rows = []
-    runs = loaded.runs
-    done = runs[runs.status == "done"] if "status" in runs else runs.iloc[0:0]
-    for _, run in done.iterrows():
-        spec = spec_from_row(run)
-        predicted = predicted_components(estimate_run_memory(spec))
-        for rank in run.get("summary.ranks") or []:
-            measured = rank.get("measured_memory")
-            if not measured:
-                continue
-            for component, want in predicted.items():
-                got = measured.get(component)
-                if got is None:
-                    continue
-                tolerance = (PEAK_TOLERANCE if spec["framework"] == "mlx" else None) if component == "peak" \
-                    else COMPONENT_TOLERANCE
-                ratio = got / want if want else float("nan")
-                rows.append({
-                    "run": f"{spec['framework']} {spec['strategy']}", "run_id": run.run_id,
-                    "framework": spec["framework"], "strategy": spec["strategy"], "rank": rank.get("rank"),
-                    "component": component, "predicted_bytes": int(want), "measured_bytes": int(got), "ratio": ratio,
-                    "tolerance": tolerance, "within": None if tolerance is None else bool(abs(ratio - 1) <= tolerance),
-                    "source": measured.get("peak_source", "live arrays") if component == "peak" else "live arrays",
-                })
-    columns = ["run", "run_id", "framework", "strategy", "rank", "component", "predicted_bytes", "measured_bytes",
-               "ratio", "tolerance", "within", "source"]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def memory_validation_summary(table: "pd.DataFrame") -> "pd.DataFrame":
-    """Per strategy and component: the worst |ratio - 1| over ranks and runs, and whether all are within target."""
-    import pandas as pd
-
-    if table.empty:
-        return pd.DataFrame(columns=["framework", "strategy", "component", "worst_error", "tolerance", "within"])
-    t = table.assign(error=(table.ratio - 1).abs())
-    g = t.groupby(["framework", "strategy", "component"], sort=True)
-    out = g.agg(worst_error=("error", "max"), tolerance=("tolerance", "first")).reset_index()
-    out["within"] = [None if pd.isna(tol) else bool(err <= tol) for err, tol in zip(out.worst_error, out.tolerance)]
-    return out

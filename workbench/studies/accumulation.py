@@ -29,7 +29,7 @@ from workbench.models.init import LMConfig
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
 from workbench.studies.runs import loss_curves
 from workbench.studies.step_time import _steady
-from workbench.views.plans import _figure, _grid
+from workbench.views.style import figure, subplot_grid
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,7 +48,7 @@ def accumulation_specs(base: Mapping[str, Any], *, frameworks: Sequence[str], st
     ``base`` holds the other RunSpec fields; ``global_batch`` must divide by ``num_ranks * G``
     for every G (the RunSpec says which does not).
     """
-    from workbench.launch.driver import RunSpec
+    from workbench.runs.spec import RunSpec
 
     out = []
     for f in frameworks:
@@ -64,7 +64,7 @@ def _fields(spec: Any) -> dict:
     """The spec's fields, validated (a RunSpec or its dict; a bad field raises, naming it), defaults filled."""
     from dataclasses import asdict
 
-    from workbench.launch.driver import RunSpec
+    from workbench.runs.spec import RunSpec
 
     return asdict(spec if isinstance(spec, RunSpec) else RunSpec(**spec))
 
@@ -235,7 +235,7 @@ def fig_accumulation(table: "pd.DataFrame", framework: str = "mlx", *, height: i
     peak memory per rank (measured: markers and lines; the memory model: dotted). One colour per
     strategy; solid deferred, dashed every micro-batch (G = 1 starts both lines)."""
     t = table[table.framework == framework] if len(table) else table
-    layout, refs = _grid(2, 2, ["collectives per step (counted)", "MiB sent per rank per step (model)",
+    layout, refs = subplot_grid(2, 2, ["collectives per step (counted)", "MiB sent per rank per step (model)",
                                 "median step time (ms)", "peak MiB per rank (dotted: model)"])
     for k, (xaxis, _) in enumerate(refs):
         layout["xaxis" + xaxis[1:]].update(type="log", dtick=0.30103, **(
@@ -256,4 +256,4 @@ def fig_accumulation(table: "pd.DataFrame", framework: str = "mlx", *, height: i
                                name=f"{name} (model)", legendgroup=name, showlegend=False, xaxis=refs[3][0],
                                yaxis=refs[3][1], line=dict(color=colors[strategy], dash="dot", width=1)))
     title = f"Gradient accumulation in {framework.upper()}: deferred sync against sync every micro-batch"
-    return _figure(traces, layout, title, height)
+    return figure(traces, layout, title, height)

@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 from workbench.core.presets import PRESETS, get_preset, is_expert_param
 from workbench.core.specs import ModelSpec
 from workbench.estimate.memory import _SHARDED, MemoryEstimate, estimate_memory
-from workbench.views.plans import KIND_COLORS, SERIES_COLORS, _figure, param_kind
+from workbench.views.style import KIND_COLORS, SERIES_COLORS, figure, param_kind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -136,7 +136,7 @@ def moe_memory_table(preset_name: str, num_shards: int,
 
 def moe_rank_layout(preset_name: str, num_shards: int, expert_parallel: int | None = 1, *,
                     strategy: str = "zero3", **knobs) -> "pd.DataFrame":
-    """What one rank holds, by parameter kind (:func:`~workbench.views.plans.param_kind`), under one policy.
+    """What one rank holds, by parameter kind (:func:`~workbench.views.style.param_kind`), under one policy.
 
     Every rank holds the same bytes (FSDP shards evenly; each EP rank holds the same number of
     experts), so this is any rank. Each kind's model states are
@@ -192,7 +192,7 @@ def fig_moe_rank_layout(preset_name: str, num_shards: int = 8, expert_parallel: 
     """One rank's model states by parameter kind: experts sharded by FSDP vs by expert parallelism.
 
     Two horizontal stacked bars (GB per rank, :func:`moe_rank_layout` of each policy): segments
-    coloured by kind (:data:`~workbench.views.plans.KIND_COLORS`); solid segments are what the FSDP
+    coloured by kind (:data:`~workbench.views.style.KIND_COLORS`); solid segments are what the FSDP
     group shards (1/N), cross-hatched ones whole experts held outside FSDP. Hover gives the
     elements per rank and how they are held.
 
@@ -225,7 +225,7 @@ def fig_moe_rank_layout(preset_name: str, num_shards: int = 8, expert_parallel: 
                                                                 "state)")),
                   yaxis=dict(autorange="reversed"), margin=dict(l=280, r=20, t=80, b=60),
                   legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, traceorder="normal"))
-    return _figure(traces, layout, title, height)
+    return figure(traces, layout, title, height)
 
 
 def fig_moe_memory_vs_shards(preset_name: str, num_shards: Sequence[int] = (8, 16, 32, 64, 128),
@@ -256,7 +256,7 @@ def fig_moe_memory_vs_shards(preset_name: str, num_shards: Sequence[int] = (8, 1
     title = (f"{preset_name} ({strategy}): memory per rank against the FSDP degree N<br><sup>experts are "
              f"{share:.1%} of the parameters; model states plus the estimate's transients</sup>")
     layout = dict(barmode="group", yaxis=dict(title=dict(text="GB per rank")), xaxis=dict(title=dict(text="N")))
-    return _figure(traces, layout, title, height)
+    return figure(traces, layout, title, height)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.views.plans import TEMPLATE
+from workbench.views.style import TEMPLATE
 
 #: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
 LABEL_FIELDS = ("spec.framework", "spec.strategy")

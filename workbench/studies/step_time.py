@@ -2,7 +2,7 @@
 
 * :func:`predict_sync_s` -- the alpha-beta time of one step's collectives
   (:func:`workbench.estimate.comm.estimate_comm` on the run's bucket plan, with the constants
-  :func:`workbench.launch.benchmark.fit_links` fitted per framework and collective kind).
+  :func:`workbench.studies.step_time.fit_links` fitted per framework and collective kind).
 * :func:`comm_size_table` / :func:`fig_comm_size_sweep` -- per stored run: measured step and
   sync time and peak memory against ``communication_size``, with the predicted sync time
   and the memory model's peak (:func:`workbench.runs.estimate.estimate_run_memory`).
@@ -15,6 +15,8 @@ Measured times are medians after :data:`workbench.studies.runs.WARMUP_STEPS`, of
 
 from __future__ import annotations
 
+import statistics
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -23,10 +25,11 @@ import plotly.graph_objects as go
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.strategies import MODEL_STRATEGY
-from workbench.estimate.comm import AlphaBeta, CommEstimate, estimate_comm
+from workbench.estimate.comm import AlphaBeta, CommEstimate, bus_factor, estimate_comm, fit_alpha_beta, ring_steps
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
+from workbench.runs.store import RunStore
 from workbench.studies.runs import WARMUP_STEPS
-from workbench.views.plans import TEMPLATE
+from workbench.views.style import TEMPLATE
 
 #: Run strategy -> the communication model's strategy.
 
@@ -148,3 +151,47 @@ def links_table(links: Mapping[tuple[str, str], AlphaBeta]) -> pd.DataFrame:
     """The fitted constants: latency per ring step in microseconds and bandwidth in GB/s."""
     return pd.DataFrame([{"framework": f, "kind": k, "alpha_us": ab.alpha_s * 1e6, "beta_gb_per_s": ab.beta_bytes_per_s / 1e9}
                          for (f, k), ab in sorted(links.items())])
+
+
+def load_collective_benchmarks(root: Path | str) -> "pd.DataFrame":
+    """Stored benchmarks under ``root`` as one row per (run, kind, size): ``time_s`` (max over
+    ranks of each rank's median), ``algbw_bytes_per_s``, ``busbw_bytes_per_s``, ``rank_bytes``
+    (bytes each rank sends: ``V * bus factor``) and ``num_steps`` (ring latency terms)."""
+    import pandas as pd
+
+    rows = []
+    root = Path(root)
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        record = RunStore(root).load_record(folder.name)
+        if not record or record.get("status") != "done" or record["spec"].get("kind") != "collectives":
+            continue
+        spec, ranks = record["spec"], record["summary"]["ranks"]
+        n = spec["num_ranks"]
+        for key in ranks[0]["times_s"]:
+            kind, size = key.split(":")
+            size = int(size)
+            t = max(statistics.median(r["times_s"][key]) for r in ranks)
+            rows.append({"run_id": record["run_id"], "framework": spec["framework"], "num_ranks": n, "kind": kind,
+                         "size_bytes": size, "time_s": t, "algbw_bytes_per_s": size / t,
+                         "busbw_bytes_per_s": size / t * bus_factor(kind, n), "rank_bytes": size * bus_factor(kind, n),
+                         "num_steps": ring_steps(kind, n), "path": ranks[0]["paths"].get(kind, kind)})
+    columns = ["run_id", "framework", "num_ranks", "kind", "size_bytes", "time_s", "algbw_bytes_per_s",
+               "busbw_bytes_per_s", "rank_bytes", "num_steps", "path"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["framework", "kind", "size_bytes"], ignore_index=True)
+
+
+def fit_links(table: "pd.DataFrame") -> dict[tuple[str, str], AlphaBeta]:
+    """Alpha-beta constants per ``(framework, kind)``, least squares of relative error over every
+    stored size (``t = alpha * ring steps + bytes sent per rank / beta``).
+
+    Raises:
+        ValueError: naming the framework and kind whose times do not grow with size.
+    """
+    fits = {}
+    for (framework, kind), g in table.groupby(["framework", "kind"], sort=True):
+        try:
+            fits[(framework, kind)] = fit_alpha_beta(g.rank_bytes.to_numpy(), g.time_s.to_numpy(), g.num_steps.to_numpy(),
+                                                     relative=True)
+        except ValueError as err:
+            raise ValueError(f"{framework} {kind}: {err} (too few or too noisy sizes: measure larger messages)") from None
+    return fits

@@ -2,7 +2,7 @@
 
 Every ``fig_*`` returns a plotly figure and never shows it; tables are pandas DataFrames. They
 only draw what :func:`~workbench.estimate.memory.estimate_memory`, :func:`~workbench.estimate.memory.explain_qwen_3_7b`,
-:func:`~workbench.estimate.memory.compare_estimators` and :func:`~workbench.runs.estimate.memory_validation`
+:func:`~workbench.estimate.memory.compare_estimators` and :func:`~workbench.studies.memory.memory_validation`
 computed, scaled to a display unit (:data:`UNITS`). A breakdown bar is the ``states`` rows plus the
 rows of the transient phase that sets the peak, so its height is ``total_bytes``; the other phase,
 which never coexists with it, is a tick. The explorer wires controls to :func:`estimate_breakdowns`
@@ -29,8 +29,7 @@ from workbench.estimate.memory import (
     estimate_activation_bytes,
     estimate_memory,
 )
-from workbench.views.plans import TEMPLATE, _figure, _grid
-from workbench.views.widgets import _show
+from workbench.views.style import TEMPLATE, figure, subplot_grid, update_figure_widget
 
 #: Display units: name -> bytes. GB is decimal, as the ZeRO paper and mlx-lm print.
 UNITS = {"GB": 10**9, "GiB": 2**30, "MB": 10**6, "MiB": 2**20}
@@ -168,7 +167,7 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
     title = title or (f"Memory per rank at the peak, {psi / 1e9:.3g}B parameters<br><sup>solid: model states; "
                       "hatched: the transient phase that sets the peak (backward or step)</sup>")
     layout = dict(barmode="stack", yaxis=dict(title=dict(text=f"{unit} per rank")), xaxis=dict(type="multicategory"))
-    return _figure(traces, layout, title, height)
+    return figure(traces, layout, title, height)
 
 
 def zero_figure_1_table(psi: int = 7_500_000_000, num_shards: int = 64) -> "pd.DataFrame":
@@ -207,7 +206,7 @@ def fig_qwen_gap(gap: StrategyGap, *, unit: str = "GB", height: int = 460) -> go
     scale = _scale(unit)
     b, c = gap.baseline, gap.candidate
     names = [n for n in COMPONENTS if b[n] or c[n]]
-    layout, ((x1, y1), (x2, y2)) = _grid(1, 2, ("measured peak = modelled components + unmodelled",
+    layout, ((x1, y1), (x2, y2)) = subplot_grid(1, 2, ("measured peak = modelled components + unmodelled",
                                                  f"{b.strategy} - {c.strategy}, component by component"))
     x = [f"{b.strategy} (measured {gap.measured_baseline_bytes / scale:.1f})",
          f"{c.strategy} (measured {gap.measured_candidate_bytes / scale:.1f})"]
@@ -232,7 +231,7 @@ def fig_qwen_gap(gap: StrategyGap, *, unit: str = "GB", height: int = 460) -> go
              f"({share:.0%})<br><sup>residual {gap.residual_bytes / scale:.2f} {unit}</sup>")
     layout.update(barmode="stack", yaxis=dict(layout["yaxis"], title=dict(text=unit)),
                   yaxis2=dict(layout["yaxis2"], title=dict(text=unit)))
-    return _figure(traces, layout, title, height)
+    return figure(traces, layout, title, height)
 
 
 def estimator_table(psi: int, num_shards: int, *, largest_layer_params: int = 0,
@@ -266,7 +265,7 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
     no target (the JAX peak is XLA's buffer plan).
 
     Args:
-        table: :func:`workbench.runs.estimate.memory_validation` output.
+        table: :func:`workbench.studies.memory.memory_validation` output.
 
     Raises:
         ValueError: on an empty table (no done runs with measurements) or an unknown unit.
@@ -275,7 +274,7 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
     if table is None or table.empty:
         raise ValueError("table: no rows (no done runs with measurements in this store).")
     components = [c for c in ("parameters", "optimizer_state", "peak") if c in set(table.component)]
-    layout, refs = _grid(1, len(components), components, hspace=0.06)
+    layout, refs = subplot_grid(1, len(components), components, hspace=0.06)
     rows, traces = _worst_rows(table), []
     for k, (comp, (xr, yr)) in enumerate(zip(components, refs)):
         r = rows[rows.component == comp]
@@ -296,7 +295,7 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
             layout["yaxis"].update(title=dict(text=unit))
     title = ("Memory model against stored runs: measured / predicted per rank (worst rank shown)"
              "<br><sup>targets: parameters and optimizer state 5%, MLX peak 10%; JAX peak (grey) is XLA's plan</sup>")
-    return _figure(traces, layout, title, height)
+    return figure(traces, layout, title, height)
 
 
 class MemoryExplorer(widgets.VBox):
@@ -351,7 +350,7 @@ class MemoryExplorer(widgets.VBox):
         except ValueError as err:
             self.status.value = f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span>"
             return False
-        self._keys, self.estimates = _show(self.figure, fig, self._keys), estimates
+        self._keys, self.estimates = update_figure_widget(self.figure, fig, self._keys), estimates
         self.status.value = html.escape(breakdown_summary(estimates))
         return True
 

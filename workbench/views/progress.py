@@ -15,11 +15,12 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.core.events import emit, format_duration
 from workbench.core.units import format_bytes
-from workbench.launch.driver import RunOutcome, RunSpec, run_training
-from workbench.publish.buildlog import emit, format_duration
+from workbench.launch.driver import RunOutcome, run_training
+from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, read_steps, run_id_for
-from workbench.views.plans import TEMPLATE
+from workbench.views.style import TEMPLATE
 
 
 class LiveProgress:

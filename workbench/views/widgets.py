@@ -18,7 +18,9 @@ from workbench.core.buckets import POLICIES, BucketPlan, plan_buckets
 from workbench.core.shards import LAYOUTS, ShardPlan, plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
-from workbench.views.plans import TEMPLATE, fig_bucket_layout, fig_layout_metrics, fig_rank_load, fig_shard_map
+from workbench.views.plans import fig_bucket_layout, fig_layout_metrics
+from workbench.views.shard_map import fig_rank_load, fig_shard_map
+from workbench.views.style import TEMPLATE, update_figure_widget
 
 #: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
 COMMUNICATION_SIZES = (0,) + tuple(2**k * MiB for k in range(9))
@@ -32,22 +34,6 @@ def _size_label(num_bytes: int) -> str:
     if num_bytes == 0:
         return "0 (per array)"
     return f"{num_bytes // MiB} MiB" if num_bytes % MiB == 0 else format_bytes(num_bytes)
-
-
-def _show(fw: go.FigureWidget, fig: go.Figure, stale_keys: set[str]) -> set[str]:
-    """Replace the traces and layout of ``fw`` by those of ``fig`` in one batch; returns the layout keys set.
-
-    ``stale_keys`` are the layout keys the previous figure set; those ``fig`` lacks are
-    cleared, since a layout update merges. The template is set once, when the widget
-    is made (every figure uses :data:`~workbench.views.plans.TEMPLATE`).
-    """
-    layout = fig.layout.to_plotly_json()
-    layout.pop("template", None)
-    with fw.batch_update():
-        fw.data = []
-        fw.add_traces(fig.data)
-        fw.update_layout({**{key: None for key in stale_keys - set(layout)}, **layout}, overwrite=True)
-    return set(layout)
 
 
 class LayoutExplorer(widgets.VBox):
@@ -172,7 +158,7 @@ class LayoutExplorer(widgets.VBox):
                                  "<i>(figures show the last valid settings)</i>")
             return False
         for name, fig in new.items():
-            self._layout_keys[name] = _show(self.figures[name], fig, self._layout_keys[name])
+            self._layout_keys[name] = update_figure_widget(self.figures[name], fig, self._layout_keys[name])
         self.bucket_plan, self.shard_plans = bucket_plan, plans
         self._syncing = True
         try:

@@ -1,0 +1,199 @@
+"""A :class:`~workbench.core.specs.ModelSpec` from a Hugging Face ``config.json``, by shape only.
+
+:func:`spec_from_hf_config` reads a local ``config.json`` (a path, a folder holding one, or the
+dict it holds) and returns every parameter's path, shape and dtype, as the ``transformers``
+model class of its ``model_type`` would create them: nothing is allocated, nothing downloaded.
+Paths, shapes and order follow :mod:`workbench.core.presets` (see
+:mod:`workbench.core.hf_families`), so memory estimates, bucket plans and MoE expert detection
+(:func:`~workbench.core.presets.is_expert_param`) work on the result.
+
+Never guessing: an unsupported ``model_type``, a missing or malformed required field, or a field
+that would change shapes in a way the builder does not build raises a ``ValueError`` naming the
+field and the file. Fields that change no parameter shape (activations, RoPE scaling, sliding
+windows, ``pretraining_tp``, dropout, token ids) are not read.
+
+What is counted, per ``transformers`` (``sum(p.numel() for p in model.parameters())``): tied
+embeddings once; buffers never. Two documented choices:
+
+* ``quantization_config`` is not read: the spec is the unquantized model in ``torch_dtype``
+  (e.g. DeepSeek-V3's FP8 checkpoint is described as the bf16 model it trains as; FP8 block-scale
+  tensors are not parameters of the model class).
+* DeepSeek-V3's multi-token-prediction layers (``num_nextn_predict_layers``) are left out by
+  default, as in ``transformers``' ``DeepseekV3ForCausalLM`` and the published 671B; pass
+  ``include_mtp=True`` to add them (without their copies of the embedding and LM head).
+  The router's ``e_score_correction_bias`` (n_routed_experts elements per MoE layer) is counted:
+  it is a parameter in DeepSeek's own modeling code and a tensor of the checkpoint.
+
+Standard library and the workbench core only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from workbench.core.hf_families import FAMILIES, HFFields
+from workbench.core.specs import ModelSpec, ParamSpec, canonical_dtype
+
+__all__ = ["SHAPE_FIELDS", "SUPPORTED_MODEL_TYPES", "load_hf_config", "spec_from_hf_config"]
+
+#: The ``model_type`` values :func:`spec_from_hf_config` builds.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
+
+#: Fields that change parameter shapes in some Hugging Face family, with the values that change
+#: nothing (``None``/absent always does). A family whose builder does not honour such a field
+#: raises when a config sets it to anything else.
+SHAPE_FIELDS: dict[str, tuple[object, ...]] = {
+    "attention_bias": (False,), "mlp_bias": (False,), "qkv_bias": (False,), "use_qk_norm": (False,),
+    "qk_layernorm": (False,), "head_dim": (), "num_key_value_heads": (), "n_inner": (),
+    "num_experts": (0,), "num_local_experts": (0,), "n_routed_experts": (0,), "n_shared_experts": (0,),
+    "moe_intermediate_size": (0,), "shared_expert_intermediate_size": (0,), "decoder_sparse_step": (),
+    "mlp_only_layers": ([],), "moe_layer_freq": (1,), "first_k_dense_replace": (0,), "q_lora_rank": (),
+    "kv_lora_rank": (), "qk_rope_head_dim": (), "qk_nope_head_dim": (), "v_head_dim": (),
+    "num_nextn_predict_layers": (0,), "add_cross_attention": (False,), "text_config": (), "vision_config": (),
+    "audio_config": (),
+}
+
+#: ``layer_types`` entries that change no shapes (which attention mask a layer uses).
+_PLAIN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+#: Heads whose parameters the builders add (an untied ``lm_head`` or none).
+_LM_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def load_hf_config(config: str | os.PathLike | Mapping[str, object]) -> tuple[dict, str]:
+    """The config as a dict, and where it came from (for error messages).
+
+    Args:
+        config: A ``config.json`` path, a folder holding ``config.json`` (a local snapshot), or the
+            dict such a file holds.
+
+    Returns:
+        ``(config_dict, where)``: ``where`` is the file path, or ``"config dict"``.
+
+    Raises:
+        ValueError: if the file is missing or is not a JSON object; the message names the file.
+    """
+    if isinstance(config, Mapping):
+        return dict(config), "config dict"
+    if not isinstance(config, (str, os.PathLike)):
+        raise ValueError(f"config must be a config.json path or a dict, got {type(config).__name__}.")
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no such config file.")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err}).") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: holds a JSON {type(raw).__name__}, not an object of config fields.")
+    return raw, str(path)
+
+
+def _config_dtype(f: HFFields, override: object) -> str:
+    """The canonical dtype: ``override``, else the config's ``torch_dtype`` / ``dtype`` (which must agree)."""
+    if override is not None:
+        return canonical_dtype(override)
+    found: dict[str, str] = {}
+    for key in ("torch_dtype", "dtype"):
+        value = f.raw.get(key)
+        if value is None:
+            continue
+        try:
+            found[key] = canonical_dtype(value)
+        except ValueError as err:
+            raise f.error(key, f"= {value!r} is not a dtype the workbench knows ({err}).") from err
+    if not found:
+        raise f.error("torch_dtype", "(or 'dtype') is absent, so the parameters' dtype is unknown; "
+                                     "pass dtype=..., e.g. dtype='bfloat16'.")
+    if len(set(found.values())) > 1:
+        raise f.error("dtype", f"and 'torch_dtype' disagree ({found['dtype']} vs {found['torch_dtype']}); "
+                               "pass dtype=... to choose.")
+    return next(iter(found.values()))
+
+
+def _check_honoured(f: HFFields, model_type: str, reads: frozenset[str]) -> None:
+    """Raise on a shape-changing field the builder does not honour, a layer kind it does not build,
+    or a head other than a causal-LM head."""
+    for key, neutral in SHAPE_FIELDS.items():
+        value = f.raw.get(key)
+        if key in reads or value is None or any(value == n and type(value) is type(n) for n in neutral):
+            continue
+        allowed = ", ".join(["absent", "null"] + [json.dumps(n) for n in neutral])
+        raise f.error(key, f"= {value!r} changes parameter shapes, and the {model_type!r} builder cannot "
+                           f"honour it (accepted here: {allowed}).")
+    layer_types = f.raw.get("layer_types")
+    if layer_types is not None:
+        kinds = {str(t) for t in layer_types} if isinstance(layer_types, list) else {repr(layer_types)}
+        odd = sorted(kinds - _PLAIN_LAYER_TYPES)
+        if odd:
+            raise f.error("layer_types", f"holds {odd}; only {sorted(_PLAIN_LAYER_TYPES)} layers (same shapes) "
+                                         "are built.")
+    heads = f.raw.get("architectures") or []
+    odd_heads = [a for a in heads if not (isinstance(a, str) and a.endswith(_LM_HEAD_SUFFIXES))]
+    if odd_heads:
+        raise f.error("architectures", f"names {odd_heads}: only causal-LM heads (…ForCausalLM, …LMHeadModel) "
+                                       "are built; another head has other parameters.")
+
+
+def spec_from_hf_config(
+    config: str | os.PathLike | Mapping[str, object],
+    *,
+    dtype: object = None,
+    name: str | None = None,
+    include_mtp: bool = False,
+) -> ModelSpec:
+    """The parameter spec of a Hugging Face model, from its ``config.json``, by shape only.
+
+    Args:
+        config: A ``config.json`` path, a folder holding one, or the dict it holds. Its
+            ``model_type`` must be one of :data:`SUPPORTED_MODEL_TYPES`.
+        dtype: Element type of every parameter (any name
+            :func:`~workbench.core.specs.canonical_dtype` accepts). ``None``: the config's
+            ``torch_dtype`` (or ``dtype``).
+        name: The spec's name. ``None``: the config's ``_name_or_path``, else the file's stem
+            (the folder's name for ``config.json``), else the ``model_type``.
+        include_mtp: DeepSeek-V3 only: also build the ``num_nextn_predict_layers`` multi-token-
+            prediction layers (``model.layers.{num_hidden_layers + k}``), which ``transformers``
+            does not build and the published 671B does not count.
+
+    Returns:
+        A :class:`~workbench.core.specs.ModelSpec` in ``named_parameters()`` order:
+        ``num_params`` in elements, ``nbytes`` in bytes. Tied embeddings are one array
+        (``model.embed_tokens.weight`` / ``transformer.wte.weight``, no ``lm_head.weight``).
+
+    Raises:
+        ValueError: on an unsupported ``model_type``; a missing or malformed required field; a
+            shape-changing field the builder cannot honour (:data:`SHAPE_FIELDS`, ``layer_types``,
+            a non-causal-LM ``architectures`` entry); an unknown or missing dtype; or
+            ``include_mtp`` for a config without MTP layers. The message names the field and the file.
+    """
+    raw, where = load_hf_config(config)
+    f = HFFields(raw, where)
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise f.error("model_type", "is required and absent: it picks the architecture.")
+    if model_type not in FAMILIES:
+        hint = " (a multimodal config: pass its 'text_config' dict if that is a supported text model)" \
+            if isinstance(raw.get("text_config"), Mapping) else ""
+        raise f.error("model_type", f"= {model_type!r} is not supported{hint}; supported: "
+                                    f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+    if include_mtp and model_type != "deepseek_v3":
+        raise f.error("model_type", f"= {model_type!r} has no multi-token-prediction layers; include_mtp "
+                                    "applies to deepseek_v3 only.")
+    family = FAMILIES[model_type]
+    _check_honoured(f, model_type, family.reads)
+    param_dtype = _config_dtype(f, dtype)
+    rows = family.build(f, include_mtp)
+    if not f.flag("tie_word_embeddings", family.tie_default):
+        rows.append(("lm_head.weight", (f.count("vocab_size"), f.count(family.width_key))))
+    if name is None:
+        name = raw.get("_name_or_path") or None
+        if name is None and where != "config dict":
+            path = Path(where)
+            name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+        name = name or model_type
+    return ModelSpec(str(name), tuple(ParamSpec(path, shape, param_dtype) for path, shape in rows))

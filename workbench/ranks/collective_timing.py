@@ -1,0 +1,91 @@
+"""One rank of the collective benchmark (:mod:`workbench.launch.benchmark`): times all-reduce,
+all-gather and reduce-scatter over message sizes on MLX or JAX, and returns plain numbers."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _iters_for(size_bytes: int, iters: int) -> int:
+    """More repetitions for small messages (noise), never fewer than ``iters``."""
+    return max(iters, min(50, (1 << 22) // size_bytes))
+
+
+def _bench_mlx(spec: dict) -> dict:
+    import mlx.core as mx
+
+    from workbench.adapters.mlx.fsdp import _reduce_scatter, has_sum_scatter
+
+    group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
+    n = group.size()
+    rs_path = "sum_scatter" if has_sum_scatter(group) else "ring"
+    barrier = mx.zeros((1,))
+    out = {}
+    for kind in spec["kinds"]:
+        for size in spec["sizes_bytes"]:
+            elems = size // 4
+            x = mx.ones((elems if kind != "all_gather" else elems // n,), dtype=mx.float32)
+            mx.eval(x)
+
+            def op():
+                if kind == "all_reduce":
+                    return mx.distributed.all_sum(x, group=group)
+                if kind == "all_gather":
+                    return mx.distributed.all_gather(x, group=group)
+                c = elems // n
+                return _reduce_scatter(lambda k: x[k * c:(k + 1) * c], group, rs_path, None)
+
+            times = []
+            for i in range(_iters_for(size, spec["iters"]) + 2):
+                mx.eval(mx.distributed.all_sum(barrier, group=group))  # ranks start together
+                t0 = time.perf_counter()
+                mx.eval(op())
+                if i >= 2:  # two warm-up calls
+                    times.append(time.perf_counter() - t0)
+            out[f"{kind}:{size}"] = times
+    return {"rank": group.rank(), "times_s": out, "paths": {"reduce_scatter": rs_path}}
+
+
+def _bench_jax(spec: dict) -> dict:
+    from workbench.ranks.train_jax import init_distributed
+
+    rank, n = init_distributed()
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.adapters.jax.fsdp import _smap
+
+    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("x",))
+    bodies = {
+        "all_reduce": lambda a: jax.lax.psum(a, "x"),
+        "all_gather": lambda a: jax.lax.all_gather(a, "x", tiled=True),
+        "reduce_scatter": lambda a: jax.lax.psum_scatter(a, "x", tiled=True),
+    }
+    out = {}
+    for kind in spec["kinds"]:
+        fn = _smap(bodies[kind], mesh, P("x"), P("x"), True)
+        for size in spec["sizes_bytes"]:
+            local = size // 4 if kind != "all_gather" else size // 4 // n
+            x = jax.make_array_from_callback((local * n,), NamedSharding(mesh, P("x")),
+                                             lambda idx: np.ones(local, np.float32))
+            jax.block_until_ready(fn(x))  # compile
+            times = []
+            for i in range(_iters_for(size, spec["iters"]) + 2):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(x))
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            out[f"{kind}:{size}"] = times
+            del x
+    return {"rank": rank, "times_s": out, "paths": {"reduce_scatter": "psum_scatter"}}
+
+
+def bench_rank(spec: dict) -> dict:
+    """One rank's part of the benchmark (runs on an engine; returns plain data)."""
+    from workbench.ranks.probes import package_versions
+
+    result = _bench_mlx(spec) if spec["framework"] == "mlx" else _bench_jax(spec)
+    return {**result, "versions": package_versions()}

@@ -1,0 +1,80 @@
+"""One rank of an MLX training run: a small decoder LM (:mod:`workbench.models`) trained on
+Markov-chain tokens (:mod:`workbench.models.data`), each rank on its slice of the global batch, so
+every strategy computes the same global step. Every step is appended to the run store as it happens.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from workbench.ranks.probes import (
+    COLLECTIVE_KEYS,
+    can_split_groups,
+    collective_count,
+    package_versions,
+    peak_array_bytes,
+    peak_rss_bytes,
+    tree_nbytes,
+)
+from workbench.runs.spec import RunSpec
+
+
+def train_mlx(spec: RunSpec, handle) -> dict:
+    """Train one rank of ``spec`` (MLX), appending each step to ``handle``; returns the rank's report."""
+    import mlx.core as mx
+
+    from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
+    from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
+    from workbench.adapters.mlx.fsdp import has_sum_scatter, optimizer_state_bytes
+    from workbench.models.data import make_markov_chain, rank_slice, sample_batch
+    from workbench.models.init import init_lm_params
+    from workbench.models.mlx_lm import MLXLM, lm_loss, load_params
+
+    group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
+    rank, size = group.rank(), group.size()
+    cfg = spec.config
+    model = MLXLM(cfg)
+    load_params(model, init_lm_params(cfg, spec.init_seed))
+    if spec.precision == "bfloat16":
+        model.set_dtype(mx.bfloat16)
+    opt = make_mlx_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
+    # Always ask for the norm (an infinite max_norm clips nothing) so every run records it.
+    max_norm = spec.max_norm if spec.max_norm is not None else math.inf
+    accum = dict(max_norm=max_norm, num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    if spec.strategy == "fsdp-full":  # ZeRO-3: one unit per transformer block, plus the root
+        trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=True, **accum)
+    else:
+        trainer = make_trainer(model, opt, group, strategy="ddp" if spec.strategy == "ddp" else "fsdp",
+                               communication_size=spec.communication_size,
+                               layout="flat" if spec.strategy == "fsdp-flat" else "row", **accum)
+    # The trainer evaluates every micro-batch's backward before its sync starts (deferred: before the
+    # one sync of the step), so activations are gone before the collective buffers and update copies
+    # appear (the phases of workbench.estimate.memory), and reports the seconds spent syncing. Full sharding's
+    # collectives run inside forward and backward: its sync time is not separable (None).
+    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
+    mx.reset_peak_memory()
+    for step in range(spec.steps):
+        local = rank_slice(sample_batch(chain, step, spec.global_batch, cfg.seq_len, seed=spec.data_seed), rank, size)
+        inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
+        t0 = time.perf_counter()
+        loss, norm = trainer.step(lm_loss, inputs, targets)
+        t1 = time.perf_counter()
+        handle.append_steps([{
+            "step": step, "rank": rank, "loss": loss.item(), "grad_norm": norm.item(),
+            "step_time_s": t1 - t0, "sync_time_s": trainer.report.get("sync_time_s"),
+            "num_collectives": collective_count(trainer.report),
+            "peak_rss_bytes": peak_rss_bytes(), "peak_array_bytes": peak_array_bytes(),
+        }])
+    report = trainer.report
+    params = trainer.model.parameters()  # under fsdp-full: this rank's rows
+    return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
+            "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": can_split_groups(group)},
+            "collective_path": report.get("reduce_scatter_path") or "all_reduce",
+            "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
+            "peak_array_bytes": peak_array_bytes(),
+            "collectives": {kind: int(report.get(key, 0)) for kind, key in COLLECTIVE_KEYS.items()},
+            "measured_memory": {"parameters": tree_nbytes(params), "optimizer_state": optimizer_state_bytes(opt),
+                                "peak": peak_array_bytes(), "peak_source": "mx.get_peak_memory"},
+            "versions": package_versions()}

@@ -1,0 +1,122 @@
+"""What defines a run: :class:`RunSpec`, validated before any engine starts, with errors naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from workbench.core.buckets import plan_buckets
+from workbench.core.shards import plan_shards
+from workbench.core.specs import ModelSpec
+from workbench.core.strategies import RUN_STRATEGIES
+from workbench.core.units import MiB
+from workbench.models.init import LMConfig, lm_param_shapes
+
+STRATEGIES = RUN_STRATEGIES  # (workbench.core.strategies)
+
+
+#: Fields added after runs were stored: :meth:`RunSpec.to_dict` leaves them out at these defaults,
+#: so a run's id (a hash of its dict) and every stored record stay valid.
+LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True}
+
+
+DEFAULT_MODEL = dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """One training run. Field names are what error messages and stored records use."""
+
+    framework: str = "mlx"
+    strategy: str = "ddp"
+    num_ranks: int = 2
+    steps: int = 200
+    global_batch: int = 16
+    model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
+    optimizer: str = "adamw"
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.0
+    precision: str = "float32"
+    communication_size: int = 32 * MiB
+    max_norm: float | None = None
+    init_seed: int = 0
+    data_seed: int = 0
+    concentration: float = 0.1
+    num_microbatches: int = 1
+    defer_sync: bool = True
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"RunSpec.{name}={getattr(self, name)!r}: {why}")
+
+        if self.framework not in ("mlx", "jax"):
+            raise bad("framework", "choose 'mlx' or 'jax'")
+        if self.strategy not in STRATEGIES:
+            raise bad("strategy", f"unknown strategy; choose one of {', '.join(STRATEGIES)}")
+        for name in ("num_ranks", "steps", "global_batch", "num_microbatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(name, "must be an integer >= 1")
+        if self.global_batch % self.num_ranks:
+            raise bad("global_batch", f"must be divisible by num_ranks={self.num_ranks} (each rank takes an equal slice)")
+        if self.global_batch % (self.num_ranks * self.num_microbatches):
+            raise bad("num_microbatches", f"must divide each rank's batch of {self.global_batch // self.num_ranks} "
+                                          f"(global_batch={self.global_batch} / num_ranks={self.num_ranks})")
+        if not isinstance(self.defer_sync, bool):
+            raise bad("defer_sync", "must be True (sync once per step) or False (sync every micro-batch)")
+        if self.num_microbatches == 1:  # one micro-batch syncs once either way: one run, one id
+            object.__setattr__(self, "defer_sync", True)
+        if self.optimizer not in ("sgd", "adamw"):
+            raise bad("optimizer", "choose 'sgd' or 'adamw'")
+        if self.precision not in ("float32", "bfloat16"):
+            raise bad("precision", "choose 'float32' or 'bfloat16'")
+        def real(name: str, low: float, *, strict: bool, optional: bool = False) -> None:
+            value = getattr(self, name)
+            if optional and value is None:
+                return
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or (value <= low if strict else value < low):
+                raise bad(name, f"must be a finite number {'>' if strict else '>='} {low}" + (" or None" if optional else ""))
+
+        real("learning_rate", 0, strict=True)
+        real("max_norm", 0, strict=True, optional=True)
+        real("weight_decay", 0, strict=False)
+        real("concentration", 0, strict=True)
+        for name in ("init_seed", "data_seed", "communication_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or (name != "communication_size" and value < 0):
+                raise bad(name, "must be an integer" + ("" if name == "communication_size" else " >= 0"))
+        config = self.config  # validates the model fields, naming them
+        if self.strategy != "ddp":  # FSDP layouts, and ZeRO-3's per-array rows, must tile every array
+            layout = "flat" if self.strategy == "fsdp-flat" else "row"
+            spec = ModelSpec.from_shapes(dict(lm_param_shapes(config)), name="lm", dtype=self.precision)
+            try:
+                plan_shards(plan_buckets(spec, self.communication_size), self.num_ranks, layout)
+            except ValueError as err:
+                raise bad("strategy", str(err)) from None
+
+    @property
+    def config(self) -> LMConfig:
+        try:
+            return LMConfig(**self.model)
+        except TypeError as err:
+            raise ValueError(f"RunSpec.model: {err}") from None
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences per rank in one micro-batch."""
+        return self.global_batch // (self.num_ranks * self.num_microbatches)
+
+    def to_dict(self) -> dict:
+        """The spec as stored (and hashed into the run id); :data:`LATER_DEFAULTS` at their defaults are left out."""
+        out = asdict(self)
+        for name, default in LATER_DEFAULTS.items():
+            if out[name] == default and type(out[name]) is type(default):
+                del out[name]
+        return out
+
+
+#: The LM the validation runs use: model states dominate (13.7 MB of fp32 parameters; with 4
+#: sequences per rank the activations stay below the step's transients), as in a real FSDP run.
+VALIDATION_MODEL = dict(vocab_size=512, seq_len=32, dim=256, num_layers=4, num_heads=4, mlp_dim=1024)

@@ -1,0 +1,147 @@
+"""The house style of every figure: template, colours, the kind of a parameter, and figure scaffolding.
+
+Figure modules build traces and layouts as dicts and hand them to :func:`figure`; widgets swap a
+new figure into a live one with :func:`update_figure_widget`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+#: The house style, owned here rather than taken from a plotly built-in: a stored figure carries these
+#: few settings (plotly_white's look), so it does not change when plotly's own templates do.
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        autotypenumbers="strict", font=dict(color="#2a3f5f"), paper_bgcolor="white", plot_bgcolor="white",
+        colorway=["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880",
+                  "#FF97FF", "#FECB52"],
+        hovermode="closest", hoverlabel=dict(align="left"), title=dict(x=0.05),
+        xaxis=dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", zerolinewidth=2, ticks="",
+                   automargin=True, title=dict(standoff=15)),
+        yaxis=dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", zerolinewidth=2, ticks="",
+                   automargin=True, title=dict(standoff=15)),
+        shapedefaults=dict(line=dict(color="#2a3f5f")),
+        annotationdefaults=dict(arrowcolor="#2a3f5f", arrowhead=0, arrowwidth=1),
+    ),
+    data=dict(bar=[dict(marker=dict(line=dict(color="white", width=0.5)))]),
+)
+
+
+#: Colour of each parameter kind (see :func:`param_kind`).
+KIND_COLORS = {
+    "embedding": "#4C78A8", "attention": "#F58518", "mlp": "#54A24B",
+    "expert": "#B279A2", "norm": "#E45756", "other": "#9D755D",
+}
+
+
+#: Colours cycled over the arrays of a bucket in a shard map.
+PARAM_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B", "#FF9DA6", "#9D755D")
+
+
+PADDING_COLOR = "#C8C8C8"
+
+
+LAYOUT_COLORS = {"row": "#4C78A8", "flat": "#F58518", "greedy": "#54A24B"}
+
+
+SERIES_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756")
+
+
+_KIND_RULES = (
+    ("expert", re.compile(r"(^|\.)experts?\.")),
+    ("norm", re.compile(r"norm|(^|\.)ln_")),
+    ("embedding", re.compile(r"embed|(^|\.)(wte|wpe)\.|lm_head")),
+    ("attention", re.compile(r"attn|attention|(^|\.)[qkvo]_proj\.|(^|\.)w[qkvo]\.")),
+    ("mlp", re.compile(r"mlp|feed_forward|ffn|moe|(^|\.)(gate|up|down)_proj\.|(^|\.)(w[123]|c_fc|c_proj)\.")),
+)
+
+
+PARAM_KINDS = tuple(KIND_COLORS)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def param_kind(path: str) -> str:
+    """The kind of a parameter from its path: embedding, attention, mlp, expert, norm or other.
+
+    Routed experts win over everything (``...experts.3.w1.weight`` is ``"expert"``);
+    norms win over their block (``self_attn.q_norm.weight`` is ``"norm"``).
+    """
+    lowered = path.lower()
+    for kind, pattern in _KIND_RULES:
+        if pattern.search(lowered):
+            return kind
+    return "other"
+
+
+@functools.lru_cache(maxsize=1)
+def _template() -> dict:
+    return TEMPLATE.to_plotly_json()
+
+
+def figure(traces: list[dict], layout: dict, title: str, height: int) -> go.Figure:
+    """One figure from trace and layout dicts, with the house template, title and height."""
+    base = dict(
+        template=copy.deepcopy(_template()), height=height,
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
+        margin=dict(l=60, r=20, t=80, b=60), legend=dict(orientation="h", yanchor="top", y=-0.18, x=0),
+    )
+    # Every trace and layout key here is written by this module, and validating them (which also
+    # deep-copies the template) takes several times longer than building the figure; tests
+    # validate every figure instead (go.Figure(fig.to_dict())).
+    return go.Figure(dict(data=traces, layout={**base, **layout}), _validate=False)
+
+
+def subplot_grid(rows: int, cols: int, titles: Sequence[str], hspace: float = 0.08, vspace: float = 0.12):
+    """Axes of a rows x cols grid (as ``make_subplots`` lays it out, without its cost).
+
+    Returns ``(layout, refs)``: layout holds the axes and subplot-title annotations;
+    ``refs[k]`` is the ``(xaxis, yaxis)`` pair of cell ``k`` in row-major order.
+    """
+    width = (1 - hspace * (cols - 1)) / cols
+    height = (1 - vspace * (rows - 1)) / rows
+    layout, refs, annotations = {}, [], []
+    for k in range(rows * cols):
+        r, c = divmod(k, cols)
+        suffix = "" if k == 0 else str(k + 1)
+        x0, y1 = c * (width + hspace), 1 - r * (height + vspace)
+        layout[f"xaxis{suffix}"] = dict(domain=[max(x0, 0.0), min(x0 + width, 1.0)], anchor=f"y{suffix}")
+        layout[f"yaxis{suffix}"] = dict(domain=[max(y1 - height, 0.0), min(y1, 1.0)], anchor=f"x{suffix}")  # no -1e-17
+        refs.append((f"x{suffix}", f"y{suffix}"))
+        if k < len(titles):
+            annotations.append(dict(text=titles[k], x=x0 + width / 2, y=y1, xref="paper", yref="paper",
+                                    xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=12)))
+    layout["annotations"] = annotations
+    return layout, refs
+
+
+def hline(y: float, xref: str, yref: str, name: str, dash: str = "dot") -> dict:
+    """A horizontal line shape at ``y`` across the subplot of axes ``(xref, yref)``."""
+    ref = "x domain" if xref == "x" else f"{xref} domain"
+    return dict(type="line", name=name, xref=ref, x0=0, x1=1, yref=yref, y0=y, y1=y,
+                line=dict(color="#333333", width=1, dash=dash))
+
+
+def update_figure_widget(fw: go.FigureWidget, fig: go.Figure, stale_keys: set[str]) -> set[str]:
+    """Replace the traces and layout of ``fw`` by those of ``fig`` in one batch; returns the layout keys set.
+
+    ``stale_keys`` are the layout keys the previous figure set; those ``fig`` lacks are
+    cleared, since a layout update merges. The template is set once, when the widget
+    is made (every figure uses :data:`~workbench.views.style.TEMPLATE`).
+    """
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)
+    with fw.batch_update():
+        fw.data = []
+        fw.add_traces(fig.data)
+        fw.update_layout({**{key: None for key in stale_keys - set(layout)}, **layout}, overwrite=True)
+    return set(layout)
+
+
+def path_span(paths: Sequence[str]) -> str:
+    """A hover label for consecutive arrays: the one path, or the count with the first and last."""
+    return paths[0] if len(paths) == 1 else f"{len(paths)} arrays: {paths[0]} … {paths[-1]}"
