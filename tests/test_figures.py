@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from workbench import MiB, ModelSpec, ParamSpec, format_bytes, plan_buckets, plan_shards
 from workbench.core.presets import get_preset
 from workbench.views import plans as figures
-from workbench.views import style
+from workbench.views import shard_map, style
 from workbench.views.plans import fig_bucket_layout, fig_buckets_vs_size, fig_layout_metrics, fig_padding_vs_shards
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
 from workbench.views.style import param_kind
@@ -194,7 +194,7 @@ def test_shard_map_aggregates_ranks_at_1024(big):
 
 
 def test_shard_map_merges_arrays_past_the_limit(monkeypatch):
-    monkeypatch.setattr(figures, "MAX_SEGMENTS_PER_RANK", 4)
+    monkeypatch.setattr(shard_map, "MAX_SEGMENTS_PER_RANK", 4)
     bp = plan_buckets(small_spec(), 10**9)  # one bucket of 15 arrays
     plan = plan_shards(bp, 2, "row", pad_rows=True)
     fig = fig_shard_map({"row": plan})
