@@ -333,7 +333,8 @@ def test_qwen3_moe_dense_layers_from_mlp_only_layers_and_sparse_step():
 
 
 def test_memory_model_reads_the_built_spec():
-    from workbench.estimate.memory import estimate_memory, largest_unit_params
+    from workbench.estimate.activations import largest_unit_params
+    from workbench.estimate.memory import estimate_memory
 
     s = spec("qwen3_30b_a3b.json")
     attn_norms = 2048 * 32 * 128 * 2 + 2 * 2048 * 4 * 128 + 2 * 128 + 2 * 2048

@@ -6,18 +6,11 @@ from hypothesis import strategies as st
 
 from workbench import ModelSpec, ParamSpec, plan_buckets, plan_shards
 from workbench.core.presets import PRESETS, get_preset
-from workbench.estimate.memory import (
-    COMPONENTS,
-    PHASES,
-    STRATEGIES,
-    UPDATE_COPIES,
-    compare_estimators,
-    compare_strategies,
-    estimate_activation_bytes,
-    estimate_memory,
-    explain_qwen_3_7b,
-    largest_unit_params,
-)
+from workbench.estimate.activations import estimate_activation_bytes, largest_unit_params
+from workbench.estimate.breakdown import COMPONENTS, PHASES
+from workbench.estimate.cases import compare_estimators, explain_qwen_3_7b
+from workbench.estimate.knobs import STRATEGIES, UPDATE_COPIES
+from workbench.estimate.memory import compare_strategies, estimate_memory
 
 ZERO_PAPER = dict(param_dtype="float16", master_dtype="float32", optimizer="adam")
 

@@ -7,7 +7,9 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.core.presets import get_preset
-from workbench.estimate.memory import PHASES, estimate_memory, explain_qwen_3_7b
+from workbench.estimate.breakdown import PHASES
+from workbench.estimate.cases import explain_qwen_3_7b
+from workbench.estimate.memory import estimate_memory
 from workbench.views.memory import (
     UNITS,
     ZERO_FIGURE_1,

@@ -12,7 +12,8 @@ from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer, split
 from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.adapters.mlx.zero3 import shard_model
 from workbench.core.buckets import plan_buckets
-from workbench.estimate.memory import estimate_activation_bytes, estimate_memory
+from workbench.estimate.activations import estimate_activation_bytes
+from workbench.estimate.memory import estimate_memory
 from workbench.launch.plan import plan_launch, run_worker
 from workbench.models.mlx_lm import MLXLM, lm_loss
 from workbench.ranks.mlx_zero3_check import (

@@ -4,7 +4,8 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.core.presets import get_preset
-from workbench.estimate.memory import MODEL_STATES, estimate_memory
+from workbench.estimate.breakdown import MODEL_STATES
+from workbench.estimate.memory import estimate_memory
 from workbench.studies.moe import (
     GB,
     expert_params,

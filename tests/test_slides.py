@@ -216,7 +216,7 @@ def test_reference_memory_runs_hold_half_the_optimizer_state_and_meet_the_model(
 
 
 def test_key_numbers_are_computed_from_their_sources(validation):
-    from workbench.estimate.memory import explain_qwen_3_7b
+    from workbench.estimate.cases import explain_qwen_3_7b
 
     gap = explain_qwen_3_7b()
     numbers = slides.key_numbers(gap, validation)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench.estimate.memory import PHASES
+from workbench.estimate.breakdown import PHASES
 from workbench.launch.driver import run_training
 from workbench.runs.estimate import estimate_run_memory, spec_from_row
 from workbench.runs.spec import VALIDATION_MODEL, RunSpec

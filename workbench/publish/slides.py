@@ -142,7 +142,7 @@ def key_numbers(gap, validation: pd.DataFrame) -> pd.Series:
     """The numbers the recommendation cites, each computed here.
 
     Args:
-        gap: :func:`workbench.estimate.memory.explain_qwen_3_7b` (MLX PR #3130's measured peaks).
+        gap: :func:`workbench.estimate.cases.explain_qwen_3_7b` (MLX PR #3130's measured peaks).
         validation: :func:`workbench.studies.memory.memory_validation` of the reference runs.
 
     Raises:

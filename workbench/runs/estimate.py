@@ -17,7 +17,9 @@ from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
 from workbench.core.specs import DTYPE_BYTES, ModelSpec
 from workbench.core.strategies import MODEL_STRATEGY
-from workbench.estimate.memory import MemoryEstimate, estimate_activation_bytes, estimate_memory
+from workbench.estimate.activations import estimate_activation_bytes
+from workbench.estimate.breakdown import MemoryEstimate
+from workbench.estimate.memory import estimate_memory
 from workbench.models.init import LMConfig, lm_param_shapes
 
 #: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).

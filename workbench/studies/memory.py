@@ -14,7 +14,7 @@ the ranks measured (every run record holds it):
 
 from __future__ import annotations
 
-from workbench.estimate.memory import MemoryEstimate
+from workbench.estimate.breakdown import MemoryEstimate
 from workbench.runs.estimate import estimate_run_memory, spec_from_row
 
 #: Largest relative error allowed for parameters and optimizer state.

@@ -30,7 +30,9 @@ import plotly.graph_objects as go
 
 from workbench.core.presets import PRESETS, get_preset, is_expert_param
 from workbench.core.specs import ModelSpec
-from workbench.estimate.memory import _SHARDED, MemoryEstimate, estimate_memory
+from workbench.estimate.breakdown import MemoryEstimate
+from workbench.estimate.knobs import SHARDED_STATES
+from workbench.estimate.memory import estimate_memory
 from workbench.views.style import KIND_COLORS, SERIES_COLORS, figure, param_kind
 
 if TYPE_CHECKING:
@@ -163,9 +165,9 @@ def moe_rank_layout(preset_name: str, num_shards: int, expert_parallel: int | No
     by_kind: dict[str, list] = {}
     for p in spec:
         by_kind.setdefault(param_kind(p.path), []).append(p)
-    if strategy not in _SHARDED:
+    if strategy not in SHARDED_STATES:
         _estimate(spec, strategy, num_shards, k, knobs)  # raises, naming the strategy
-    sharded_params = _SHARDED[strategy][0]
+    sharded_params = SHARDED_STATES[strategy][0]
     rows = []
     for kind, params in sorted(by_kind.items(), key=lambda kv: list(KIND_COLORS).index(kv[0])):
         sub = ModelSpec(f"{spec.name}:{kind}", tuple(params))

@@ -1,8 +1,8 @@
 """Figures, tables and an explorer of the memory model (:mod:`workbench.estimate.memory`).
 
 Every ``fig_*`` returns a plotly figure and never shows it; tables are pandas DataFrames. They
-only draw what :func:`~workbench.estimate.memory.estimate_memory`, :func:`~workbench.estimate.memory.explain_qwen_3_7b`,
-:func:`~workbench.estimate.memory.compare_estimators` and :func:`~workbench.studies.memory.memory_validation`
+only draw what :func:`~workbench.estimate.memory.estimate_memory`, :func:`~workbench.estimate.cases.explain_qwen_3_7b`,
+:func:`~workbench.estimate.cases.compare_estimators` and :func:`~workbench.studies.memory.memory_validation`
 computed, scaled to a display unit (:data:`UNITS`). A breakdown bar is the ``states`` rows plus the
 rows of the transient phase that sets the peak, so its height is ``total_bytes``; the other phase,
 which never coexists with it, is a tick. The explorer wires controls to :func:`estimate_breakdowns`
@@ -17,18 +17,11 @@ from typing import Mapping, Sequence
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from workbench.estimate.memory import (
-    COMPONENTS,
-    OPTIMIZER_NUM_STATES,
-    PHASES,
-    UPDATE_COPIES,
-    MemoryEstimate,
-    StrategyGap,
-    compare_estimators,
-    compare_strategies,
-    estimate_activation_bytes,
-    estimate_memory,
-)
+from workbench.estimate.activations import estimate_activation_bytes
+from workbench.estimate.breakdown import COMPONENTS, PHASES, MemoryEstimate
+from workbench.estimate.cases import StrategyGap, compare_estimators
+from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, UPDATE_COPIES
+from workbench.estimate.memory import compare_strategies, estimate_memory
 from workbench.views.style import TEMPLATE, figure, subplot_grid, update_figure_widget
 
 #: Display units: name -> bytes. GB is decimal, as the ZeRO paper and mlx-lm print.
@@ -44,7 +37,7 @@ ZERO_FIGURE_1 = {"ddp": ("Baseline", "(2 + 2 + K) Psi", 120.0),
                  "zero3": ("P_os+g+p", "(2 + 2 + K) Psi / N_d", 1.9)}
 #: Mixed-precision Adam as in the ZeRO paper: fp16 parameters and gradients, K = 4 (fp32 master) + 8 (m, v).
 ZERO_PAPER_KNOBS = dict(param_dtype="float16", master_dtype="float32", optimizer="adam")
-#: Rows of :func:`estimator_table`: source -> field of :class:`~workbench.estimate.memory.EstimatorComparison`.
+#: Rows of :func:`estimator_table`: source -> field of :class:`~workbench.estimate.cases.EstimatorComparison`.
 ESTIMATOR_SOURCES = {"ZeRO paper": "theory_bytes", "Ultra-Scale Playbook": "theory_bytes",
                      "DeepSpeed code": "deepspeed_code_bytes", "DeepSpeed docs": "deepspeed_docs_bytes",
                      "workbench": "workbench_bytes"}
@@ -240,7 +233,7 @@ def estimator_table(psi: int, num_shards: int, *, largest_layer_params: int = 0,
 
     Columns: ``stage``, ``source``, ``gb`` (10**9 bytes), ``gib`` (2**30: what DeepSpeed's
     estimator prints), ``reason``. The playbook uses the paper's 2 Psi + 2 Psi + 12 Psi, so its row
-    equals the paper's. Per GPU, no offload (see :func:`~workbench.estimate.memory.compare_estimators`).
+    equals the paper's. Per GPU, no offload (see :func:`~workbench.estimate.cases.compare_estimators`).
     """
     import pandas as pd
 

@@ -1,0 +1,57 @@
+"""What the backward holds beside the model states: activations (Korthikanti et al. 2022) and the
+largest FSDP unit of a transformer.
+"""
+
+from __future__ import annotations
+
+from workbench.core.presets import PRESETS, ArchitectureConfig, is_expert_param, layer_index
+from workbench.core.specs import ModelSpec
+from workbench.estimate.knobs import (
+    count_knob,
+)
+
+
+def largest_unit_params(spec: ModelSpec, *, experts: bool = True) -> int:
+    """Elements of the largest FSDP unit when every transformer block is one unit.
+
+    Parameters are grouped by :func:`workbench.core.presets.layer_index`; everything outside the
+    blocks (embeddings, final norm, LM head) is the root unit, as FSDP wraps the root module.
+    ``experts=False`` leaves out routed-expert parameters (:func:`~workbench.core.presets.is_expert_param`),
+    which FSDP does not gather when they are excluded from it.
+    """
+    units: dict[object, int] = {}
+    for p in spec:
+        if not experts and is_expert_param(p.path):
+            continue
+        key = layer_index(p.path)
+        units[key] = units.get(key, 0) + p.size
+    return max(units.values(), default=0)
+
+
+def estimate_activation_bytes(*, seq_len: int, micro_batch_size: int, hidden_size: int | None = None,
+                              num_heads: int | None = None, num_layers: int | None = None,
+                              config: ArchitectureConfig | str | None = None) -> int:
+    """Activation bytes kept for backward: ``L * s * b * h * (34 + 5 * a * s / h)``.
+
+    Korthikanti et al. 2022 (arXiv:2205.05198, Sec. 4.1, Eq. 1): 16-bit activations, no
+    recomputation, no tensor or sequence parallelism; embeddings and the output layer excluded.
+    The 34 assumes a 4h MLP, so GLU models with other widths are approximate.
+
+    Args:
+        seq_len: s, tokens per sequence. micro_batch_size: b, sequences per rank.
+        hidden_size, num_heads, num_layers: h, a, L; default to ``config``'s.
+        config: An :class:`ArchitectureConfig` or a preset name.
+    """
+    if isinstance(config, str):
+        if config not in PRESETS:
+            raise ValueError(f"config: unknown preset {config!r}; known: {', '.join(sorted(PRESETS))}.")
+        config = PRESETS[config]
+    h = hidden_size if hidden_size is not None else getattr(config, "hidden_size", None)
+    a = num_heads if num_heads is not None else getattr(config, "num_heads", None)
+    n_layers = num_layers if num_layers is not None else getattr(config, "num_layers", None)
+    s, b = count_knob("seq_len", seq_len), count_knob("micro_batch_size", micro_batch_size)
+    h, a, n_layers = (count_knob(k, v, 1) if v is not None else None
+                      for k, v in (("hidden_size", h), ("num_heads", a), ("num_layers", n_layers)))
+    if None in (h, a, n_layers):
+        raise ValueError("hidden_size, num_heads and num_layers must be given, or a config.")
+    return int(round(n_layers * s * b * h * (34 + 5 * a * s / h)))
