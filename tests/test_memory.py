@@ -94,7 +94,7 @@ def test_zero3_gathered_unit():
     kept = estimate_memory(spec, "zero3", 8, units={"a": 100, "b": 300}, reshard_after_forward=False)
     assert kept["gathered_unit"] == spec.num_params * 2 + 300 * 2
     assert kept.total_bytes > resharded.total_bytes
-    # MLX's ShardedUnit: gathered bucket + _rebuild copies (2 x 300 x 2 B), full gradient (300 x 2 B),
+    # MLX's ShardedUnit: gathered bucket + rebuild_arrays copies (2 x 300 x 2 B), full gradient (300 x 2 B),
     # reduce-scatter buffers: the 300 rows exchanged + this rank's row and their sum (2 x 300 x 2 B / 8)
     mlx = estimate_memory(spec, "zero3", 8, units={"a": 100, "b": 300}, unit_buffers="mlx")
     assert mlx["gathered_unit"] == 2 * 300 * 2 + 300 * 2 + 300 * 2 + 2 * (300 * 2 // 8)

@@ -84,19 +84,19 @@ def test_collectives_per_step_match_the_bucket_plan(ring_run):
             clip = 1 if case["max_norm"] is not None else 0
             assert b == report["num_all_gathers"] == report["num_reduce_scatters"]
             if case["reduce_scatter"] == "all_sum":
-                assert report["reduce_scatter_path"] == "all_sum"
+                assert report["reduce_scatter_transport"] == "all_sum"
                 assert counts.get("all_sum", 0) == b + clip and counts.get("send", 0) == 0
                 assert counts.get("all_gather", 0) == b
             elif case["reduce_scatter"] == "send_recv":  # the ring over send/recv, at any N
-                assert report["reduce_scatter_path"] == "send_recv" and report["ring_transport"] == "send/recv"
+                assert report["reduce_scatter_transport"] == "send_recv" and report["ring_transport"] == "send/recv"
                 assert counts.get("send", 0) == counts.get("recv_like", 0) == (n - 1) * b
                 assert counts.get("all_gather", 0) == b and counts.get("all_sum", 0) == clip
             elif n == 2:  # ring backend, two ranks: the ring's one hop is an all_gather exchange
-                assert report["reduce_scatter_path"] == "ring" and report["ring_transport"] == "all_gather exchange"
+                assert report["reduce_scatter_transport"] == "ring" and report["ring_transport"] == "all_gather exchange"
                 assert counts.get("all_gather", 0) == 2 * b and counts.get("send", 0) == 0
                 assert counts.get("all_sum", 0) == clip and counts.get("sum_scatter", 0) == 0
             else:  # ring backend: no sum_scatter, so the workbench's send/recv ring
-                assert report["reduce_scatter_path"] == "ring" and report["ring_transport"] == "send/recv"
+                assert report["reduce_scatter_transport"] == "ring" and report["ring_transport"] == "send/recv"
                 assert counts.get("send", 0) == counts.get("recv_like", 0) == (n - 1) * b
                 assert counts.get("all_gather", 0) == b
                 assert counts.get("all_sum", 0) == clip and counts.get("sum_scatter", 0) == 0
@@ -153,7 +153,7 @@ def test_group_of_one_equals_a_plain_optimizer_step(layout, communication_size):
     want = optim.AdamW(1e-2).apply_gradients(grads, params)
     for (k, a), (_, b) in zip(tree_flatten(got), tree_flatten(want)):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
-    assert report["reduce_scatter_path"] == "none" and report["num_reduce_scatters"] == 0
+    assert report["reduce_scatter_transport"] == "none" and report["num_reduce_scatters"] == 0
     assert report["num_buckets"] == plan_buckets(spec_from_mlx(params), communication_size).num_buckets
     assert report["num_buckets"] == {0: 4, 64: 3, 32 * 2**20: 1}[communication_size]
 
@@ -248,7 +248,7 @@ def test_launch_plans_wire_each_backend():
 
 
 def test_rows_follow_the_plan_they_are_given_even_when_plans_come_and_go():
-    from workbench.adapters.mlx.fsdp import bucket_row
+    from workbench.adapters.mlx.rows import bucket_row
 
     arrays = [mx.arange(8, dtype=mx.float32), mx.arange(8, 16, dtype=mx.float32)]
     spec = spec_from_mlx({"a": arrays[0], "b": arrays[1]})
@@ -260,14 +260,14 @@ def test_rows_follow_the_plan_they_are_given_even_when_plans_come_and_go():
 
 
 def test_caches_are_bounded_and_can_be_cleared():
-    from workbench.adapters.mlx import fsdp as mlx_fsdp
-    from workbench.adapters.mlx.fsdp import bucket_row, clear_caches, get_plan
+    from workbench.adapters.mlx import rows
+    from workbench.adapters.mlx.rows import bucket_row, clear_caches, get_plan
 
     clear_caches()
     params = [("w", mx.zeros((8,)))]
-    plans = [get_plan(params, size, 2, "row") for size in range(1, mlx_fsdp.PLAN_CACHE_SIZE + 20)]
-    assert mlx_fsdp._plan.cache_info().currsize == mlx_fsdp.PLAN_CACHE_SIZE  # only so many are kept
-    assert get_plan(params, mlx_fsdp.PLAN_CACHE_SIZE + 19, 2, "row") is plans[-1]  # the newest, served cached
+    plans = [get_plan(params, size, 2, "row") for size in range(1, rows.PLAN_CACHE_SIZE + 20)]
+    assert rows._plan.cache_info().currsize == rows.PLAN_CACHE_SIZE  # only so many are kept
+    assert get_plan(params, rows.PLAN_CACHE_SIZE + 19, 2, "row") is plans[-1]  # the newest, served cached
     assert get_plan(params, 1, 2, "row") is not plans[0]  # the oldest was let go, and is planned again
     arrays = [mx.arange(8, dtype=mx.float32)]
     spec = spec_from_mlx({"w": arrays[0]})
@@ -275,6 +275,6 @@ def test_caches_are_bounded_and_can_be_cleared():
     for plan in kept:
         for _ in range(3):
             bucket_row(arrays, plan, 0, 0)
-    assert len(mlx_fsdp._PIECES) == 10
+    assert len(rows._PIECES) == 10
     clear_caches()
-    assert mlx_fsdp._plan.cache_info().currsize == 0 and not mlx_fsdp._PIECES
+    assert rows._plan.cache_info().currsize == 0 and not rows._PIECES

@@ -91,7 +91,7 @@ def test_zero3_collectives_per_step_follow_the_units(ring_run):
             u, again = report["num_units"], report["num_resharded_units"]
             # forward: one gather per unit; backward: a second for each unit that resharded, one reduce-scatter each
             assert report["num_all_gathers"] == u + again and report["num_reduce_scatters"] == u
-            assert report["reduce_scatter_path"] == "ring" and counts.get("sum_scatter", 0) == 0
+            assert report["reduce_scatter_transport"] == "ring" and counts.get("sum_scatter", 0) == 0
             assert report["ring_transport"] == ("all_gather exchange" if n == 2 else "send/recv")
             assert counts.get("all_sum", 0) == report["num_all_sums"] == 1  # the clipping norm
             if n == 2:  # the ring's one hop is an all_gather exchange
@@ -191,7 +191,7 @@ def test_parameters_and_optimizer_state_at_rest_are_the_model_states(ring_run):
 
 def test_zero3_peak_is_below_fsdp_by_what_the_memory_model_predicts(ring_run):
     """Peaks against the model, each within 10%: FSDP, ZeRO-3 keeping gathered weights, and ZeRO-3
-    resharding after forward with ``unit_buffers="mlx"`` (the all-gathered bucket, ``_rebuild``'s
+    resharding after forward with ``unit_buffers="mlx"`` (the all-gathered bucket, ``rebuild_arrays``'s
     copies, the unit's full gradient and the reduce-scatter's buffers). The saving over FSDP:
     within 5% of the FSDP estimate plus one unit."""
     n, ranks = ring_run

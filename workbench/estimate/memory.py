@@ -111,7 +111,7 @@ def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp"
             (DeepSpeed's 4 B x largest layer in 16 bit). ``"mlx"``: the buffers of
             :class:`~workbench.adapters.mlx.zero3.ShardedUnit`'s backward, which gathers again and
             recomputes: ``U * (2 * pb + gb * (2 + 2 / N))`` = the all-gathered bucket and the per-array
-            copies ``_rebuild`` cuts from it (``2 U pb``), the unit's full gradient (``U gb``), and the
+            copies ``rebuild_arrays`` cuts from it (``2 U pb``), the unit's full gradient (``U gb``), and the
             reduce-scatter's buffers (``U gb (1 + 2 / N)``: the N rows of the bucket as exchanged (the
             all-gather of the 2-rank ring, ``sum_scatter``'s stacked input), this rank's row concatenated,
             and their sum). Measured on 2 MLX ring ranks: ``tests/test_mlx_zero3.py``.
@@ -265,9 +265,9 @@ def _unit_row(k: MemoryKnobs, b: _Bytes, spec: ModelSpec | None, psi_d: int) -> 
         largest = largest_unit_params(spec, experts=k.expert_parallel is None) if spec is not None else 0
     if not k.reshard_after_forward:
         return MemoryComponent("gathered_unit", psi_d * pb + largest * gb, unit_what)
-    if k.unit_buffers == "mlx":  # gathered bucket + _rebuild copies, full gradient, reduce-scatter buffers
+    if k.unit_buffers == "mlx":  # gathered bucket + rebuild_arrays copies, full gradient, reduce-scatter buffers
         return MemoryComponent("gathered_unit", 2 * largest * pb + 2 * largest * gb + 2 * -(-largest * gb // n),
-                               "largest unit (U): 2 U pb (all-gathered bucket + _rebuild copies) + U gb (full "
+                               "largest unit (U): 2 U pb (all-gathered bucket + rebuild_arrays copies) + U gb (full "
                                "gradient) + U gb (1 + 2 / N) (reduce-scatter: N rows exchanged, this rank's row, "
                                "their sum)")
     return MemoryComponent("gathered_unit", largest * (pb + gb), unit_what)

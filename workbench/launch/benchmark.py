@@ -10,7 +10,7 @@ size's time is the maximum over ranks of each rank's median. :func:`workbench.st
 alpha-beta model of :mod:`workbench.estimate.comm` to the stored points, per framework and kind.
 
 MLX's CPU backends have no ``sum_scatter``: its reduce-scatter here is the workbench's ring
-(:func:`workbench.adapters.mlx.fsdp.ring_reduce_scatter`), the path FSDP takes on CPU.
+(:func:`workbench.adapters.mlx.transport.ring_reduce_scatter`), the path FSDP takes on CPU.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ def _iters_for(size_bytes: int, iters: int) -> int:
 def _bench_mlx(spec: dict) -> dict:
     import mlx.core as mx
 
-    from workbench.adapters.mlx.fsdp import _reduce_scatter, has_sum_scatter
+    from workbench.adapters.mlx.transport import has_sum_scatter, reduce_scatter
 
     group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
     n = group.size()
@@ -34,7 +34,7 @@ def _bench_mlx(spec: dict) -> dict:
                 if kind == "all_gather":
                     return mx.distributed.all_gather(x, group=group)
                 c = elems // n
-                return _reduce_scatter(lambda k: x[k * c:(k + 1) * c], group, rs_path, None)
+                return reduce_scatter(lambda k: x[k * c:(k + 1) * c], group, rs_path, None)
 
             times = []
             for i in range(_iters_for(size, spec["iters"]) + 2):

@@ -30,12 +30,11 @@ from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
 from workbench.adapters.mlx.fsdp import (
     ddp_apply_gradients,
     fsdp_apply_gradients,
-    get_plan,
-    has_sum_scatter,
-    make_hsdp_groups,
     optimizer_state_bytes,
     shard_gradients,
 )
+from workbench.adapters.mlx.rows import get_plan
+from workbench.adapters.mlx.transport import has_sum_scatter, make_hsdp_groups
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 MODELS = {"even": (8, 16, 16, 4), "odd": (6, 10, 3)}  # "odd" has arrays whose size does not divide 4
@@ -127,7 +126,7 @@ def run_case(case: dict, group, spy: Spy, steps: int, fsdp_group=None, dp_group=
             _, g_fsdp = grad_fn(p_fsdp, x, y)
             if step == 0:  # this rank's gradient shard against its slice of the DDP average
                 plan = get_plan(tree_flatten(p_fsdp), case["communication_size"], fsdp.size(), case["layout"])
-                shards = shard_gradients(tree_flatten(g_fsdp), plan, fsdp, dp_group, path=case["reduce_scatter"])
+                shards = shard_gradients(tree_flatten(g_fsdp), plan, fsdp, dp_group, transport=case["reduce_scatter"])
                 avg = dict(tree_flatten(nn.average_gradients(g_ddp, group=group)))
                 mine = [s for b in range(plan.buckets.num_buckets) for s in plan.rank_slices(fsdp.rank(), b)]
                 want = [np.array(avg[s.path].astype(mx.float32)).reshape(-1)[s.start:s.stop] for s in mine]

@@ -31,7 +31,8 @@ from mlx.utils import tree_flatten
 
 from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
 from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
-from workbench.adapters.mlx.fsdp import ddp_apply_gradients, fsdp_apply_gradients, has_sum_scatter
+from workbench.adapters.mlx.fsdp import ddp_apply_gradients, fsdp_apply_gradients
+from workbench.adapters.mlx.transport import has_sum_scatter
 from workbench.adapters.mlx.zero3 import shard_model
 from workbench.models.init import LMConfig, init_lm_params
 from workbench.models.mlx_lm import MLXLM, lm_loss, load_params

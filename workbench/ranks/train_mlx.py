@@ -27,7 +27,8 @@ def train_mlx(spec: RunSpec, handle) -> dict:
 
     from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
     from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
-    from workbench.adapters.mlx.fsdp import has_sum_scatter, optimizer_state_bytes
+    from workbench.adapters.mlx.fsdp import optimizer_state_bytes
+    from workbench.adapters.mlx.transport import has_sum_scatter
     from workbench.models.data import make_markov_chain, rank_slice, sample_batch
     from workbench.models.init import init_lm_params
     from workbench.models.mlx_lm import MLXLM, lm_loss, load_params
@@ -71,7 +72,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     params = trainer.model.parameters()  # under fsdp-full: this rank's rows
     return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
             "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": can_split_groups(group)},
-            "collective_path": report.get("reduce_scatter_path") or "all_reduce",
+            "collective_path": report.get("reduce_scatter_transport") or "all_reduce",
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
             "peak_array_bytes": peak_array_bytes(),
             "collectives": {kind: int(report.get(key, 0)) for kind, key in COLLECTIVE_KEYS.items()},

@@ -28,15 +28,14 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from workbench.adapters.mlx.fsdp import (
-    REDUCE_SCATTER_PATHS,
     apply_gradient_shards,
     clip_by_global_norm,
     ddp_apply_gradients,
     fsdp_apply_gradients,
-    get_plan,
-    has_sum_scatter,
     shard_gradients,
 )
+from workbench.adapters.mlx.rows import get_plan
+from workbench.adapters.mlx.transport import REDUCE_SCATTER_TRANSPORTS, has_sum_scatter
 from workbench.adapters.mlx.zero3 import Zero3Model, shard_model
 from workbench.core.units import MiB
 
@@ -67,11 +66,11 @@ def split_microbatches(batch: tuple, num_microbatches: int) -> list[tuple]:
     return [tuple(a[k * (a.shape[0] // g):(k + 1) * (a.shape[0] // g)] for a in batch) for k in range(g)]
 
 
-def ring_transport(path: str, num_ranks: int) -> str | None:
+def ring_transport(transport: str, num_ranks: int) -> str | None:
     """How the workbench ring moves a reduce-scatter (as ``fsdp_apply_gradients`` reports it), else ``None``."""
-    if path not in ("ring", "send_recv") or num_ranks < 2:
+    if transport not in ("ring", "send_recv") or num_ranks < 2:
         return None
-    return "all_gather exchange" if num_ranks == 2 and path == "ring" else "send/recv"
+    return "all_gather exchange" if num_ranks == 2 and transport == "ring" else "send/recv"
 
 
 def _accumulate(value_and_grad: Callable, model: Any, micro_batches: list, sync: Callable | None):
@@ -115,7 +114,7 @@ class AccumTrainer:
         self.model, self.optimizer, self.group, self.strategy = model, optimizer, group, strategy
         self.num_microbatches, self.defer_sync, self.max_norm = num_microbatches, defer_sync, max_norm
         self.communication_size, self.layout = communication_size, layout
-        self.path = reduce_scatter if reduce_scatter != "auto" else (
+        self.transport = reduce_scatter if reduce_scatter != "auto" else (
             "sum_scatter" if group.size() > 1 and has_sum_scatter(group) else "ring")
         self.report: dict = {}
         self.phase_hook: Callable[[str], None] | None = None
@@ -155,7 +154,7 @@ class AccumTrainer:
                     acc = tree_unflatten(list(clipped.items()))
                 new = self.optimizer.apply_gradients(acc, params)
         elif per_micro:  # reduce-scatter every micro-batch, accumulate this rank's shards
-            sync = lambda gr: shard_gradients(tree_flatten(gr), plan, self.group, None, self.path)  # noqa: E731
+            sync = lambda gr: shard_gradients(tree_flatten(gr), plan, self.group, None, self.transport)  # noqa: E731
             loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, sync)
             self._phase("accumulated")
             t_acc = time.perf_counter()
@@ -170,7 +169,7 @@ class AccumTrainer:
             t_acc = time.perf_counter()
             acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
             res = fsdp_apply_gradients(acc, params, self.optimizer, self.group, None, self.communication_size,
-                                       None, self.max_norm, self.layout, reduce_scatter=self.path)
+                                       None, self.max_norm, self.layout, reduce_scatter=self.transport)
             new, norm = res if self.max_norm is not None else (res, None)
         model.update(new)
         mx.eval(model.parameters(), self.optimizer.state, loss, *([norm] if norm is not None else []))
@@ -178,8 +177,8 @@ class AccumTrainer:
         syncs, clip = (g if per_micro else 1), int(self.max_norm is not None and n > 1)
         fsdp = self.strategy == "fsdp"
         self.report = dict(strategy=self.strategy, num_microbatches=g, defer_sync=self.defer_sync,
-                           num_buckets=plan.buckets.num_buckets, reduce_scatter_path=self.path if fsdp else None,
-                           ring_transport=ring_transport(self.path, n) if fsdp else None,
+                           num_buckets=plan.buckets.num_buckets, reduce_scatter_transport=self.transport if fsdp else None,
+                           ring_transport=ring_transport(self.transport, n) if fsdp else None,
                            num_all_sums=clip if fsdp else syncs * b, num_reduce_scatters=syncs * b if fsdp else 0,
                            num_all_gathers=b if fsdp else 0,
                            sync_time_s=sync_s + time.perf_counter() - t_acc)
@@ -244,7 +243,7 @@ class Zero3Trainer:
         mx.eval(z.parameters(), self.optimizer.state, loss, *([norm] if norm is not None else []))
         self.report = dict(strategy="full", num_microbatches=g, defer_sync=self.defer_sync, num_units=len(z.units),
                            num_resharded_units=sum(u.reshards for u in z.units),
-                           reduce_scatter_path=z.comm.path, ring_transport=ring_transport(z.comm.path, n),
+                           reduce_scatter_transport=z.comm.transport, ring_transport=ring_transport(z.comm.transport, n),
                            num_all_gathers=0, num_reduce_scatters=0,
                            num_all_sums=int(self.max_norm is not None and n > 1)) | z.comm.take()
         self._phase("updated")
@@ -275,11 +274,11 @@ def make_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group |
             1 collective per bucket) or synchronise every micro-batch (False, G per bucket).
         communication_size: Bucket cap in bytes (MLX's rule). Default: 32 MiB.
         layout: FSDP shard layout, ``"row"`` or ``"flat"``.
-        reduce_scatter: FSDP reduce-scatter path, as in :func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients`.
+        reduce_scatter: FSDP reduce-scatter transport, as in :func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients`.
         max_norm: Clip the averaged gradient to this global norm, if given.
 
     Raises:
-        ValueError: on an unknown strategy, layout or path, or an invalid knob (named).
+        ValueError: on an unknown strategy, layout or transport, or an invalid knob (named).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; make_trainer supports {', '.join(STRATEGIES)} "
@@ -287,8 +286,8 @@ def make_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group |
     check_microbatches(num_microbatches, defer_sync, max_norm)
     if layout not in ("row", "flat"):
         raise ValueError(f"Unknown layout {layout!r}; choose 'row' or 'flat'.")
-    if reduce_scatter not in REDUCE_SCATTER_PATHS:
-        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_PATHS)}.")
+    if reduce_scatter not in REDUCE_SCATTER_TRANSPORTS:
+        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_TRANSPORTS)}.")
     return AccumTrainer(model, optimizer, group or mx.distributed.init(), strategy=strategy,
                         num_microbatches=num_microbatches, defer_sync=defer_sync, communication_size=communication_size,
                         layout=layout, reduce_scatter=reduce_scatter, max_norm=max_norm)

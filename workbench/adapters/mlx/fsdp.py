@@ -23,147 +23,20 @@ an all-reduce then a slice: the right numbers at twice the traffic.
 
 from __future__ import annotations
 
-import functools
-import os
-import weakref
-from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from workbench.adapters.mlx.base import spec_from_mlx
-from workbench.core.buckets import plan_buckets
-from workbench.core.shards import ShardPlan, plan_shards
+from workbench.adapters.mlx.rows import bucket_row, get_plan, rebuild_arrays
+from workbench.adapters.mlx.transport import (
+    REDUCE_SCATTER_TRANSPORTS,
+    all_gather,
+    has_sum_scatter,
+    reduce_scatter,
+)
+from workbench.core.shards import ShardPlan
 from workbench.core.units import MiB
-
-REDUCE_SCATTER_PATHS = ("auto", "sum_scatter", "ring", "send_recv", "all_sum")
-_SUM_SCATTER_SUPPORT: list[bool] = []  # one process, one backend: probed once
-#: Plans kept for reuse (a training loop asks for the same few every step), and rows' pieces.
-PLAN_CACHE_SIZE = 64
-PIECE_CACHE_SIZE = 4096
-
-
-def has_sum_scatter(group: mx.distributed.Group) -> bool:
-    """Whether the process's backend implements ``sum_scatter`` (probed once per process).
-
-    A process runs one backend, so the answer holds for all its groups (``init()`` returns
-    a new ``Group`` object on every call, so groups make poor cache keys). Ring and MPI
-    raise before any byte is sent ("[ring] sum_scatter not supported."), on every rank
-    alike, so the probe is safe to run collectively.
-    """
-    if not _SUM_SCATTER_SUPPORT:
-        try:
-            mx.eval(mx.distributed.sum_scatter(mx.zeros((group.size(),)), group=group))
-            _SUM_SCATTER_SUPPORT.append(True)
-        except RuntimeError:
-            _SUM_SCATTER_SUPPORT.append(False)
-    return _SUM_SCATTER_SUPPORT[0]
-
-
-def make_hsdp_groups(fsdp_size: int, world: mx.distributed.Group | None = None):
-    """Split the world into ``(fsdp_group, dp_group)``: shard within blocks of ``fsdp_size`` ranks.
-
-    Rank r shards with ranks ``r // fsdp_size * fsdp_size ...`` and replicates with the
-    ranks holding the same shard index in the other blocks.
-
-    Raises:
-        ValueError: if ``fsdp_size`` does not divide the world size.
-        RuntimeError: if the backend cannot split groups (ring), naming it.
-    """
-    world = world or mx.distributed.init()
-    n, r = world.size(), world.rank()
-    if isinstance(fsdp_size, bool) or not isinstance(fsdp_size, int) or fsdp_size < 1 or n % fsdp_size:
-        raise ValueError(f"fsdp_size must be a positive divisor of the world size {n}, got {fsdp_size!r}.")
-    try:
-        fsdp = world.split(r // fsdp_size, r % fsdp_size)
-        dp = world.split(r % fsdp_size, r // fsdp_size)
-    except RuntimeError as err:
-        backend = os.environ.get("WORKBENCH_BACKEND", "this")
-        raise RuntimeError(
-            f"HSDP needs Group.split, which the {backend} backend does not support ({err}). "
-            "Use the NCCL or MPI backend for HSDP, or JAX's 2-D mesh."
-        ) from err
-    return fsdp, dp
-
-
-@functools.lru_cache(maxsize=1)
-def _ring_streams() -> tuple:
-    """Two streams of the default device: sends on one, receives on the other (made once)."""
-    device = mx.default_device()
-    return mx.new_stream(device), mx.new_stream(device)
-
-
-def ring_reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Group, stream: Any = None, *,
-                        exchange_at_two: bool = True) -> mx.array:
-    """Sum a bucket over the group; return this rank's row of the sum.
-
-    ``row(k)`` gives this rank's local row k of the bucket (1-D, the elements rank k owns),
-    so only the rows being sent are ever materialised. A ring of N - 1 steps: at step k
-    rank r sends its partial sum of row ``r - k - 1`` to rank r + 1 and adds the partial sum
-    of row ``r - k - 2`` received from rank r - 1, so each rank sends ``(N - 1) * c``
-    elements in all, the ideal. The ring backend's ``send`` waits for the matching ``recv``:
-    with both on one stream every rank would wait in its send, so sends and receives go on
-    two streams and each hop runs both directions at once. With two ranks the one hop is an
-    ``all_gather`` of the row the other rank owns (same bytes, MLX's faster transport).
-    ``stream`` (the caller's communication stream) carries the sends when given. The result
-    is lazy, like every MLX collective. ``exchange_at_two=False`` keeps send/recv at two ranks.
-    """
-    n, r = group.size(), group.rank()
-    if n == 1:
-        return row(0)
-    if n == 2 and exchange_at_two:
-        # Two ranks: the ring is one exchange of the row the other rank owns. MLX's
-        # all_gather moves it ~4x faster than send/recv on the ring backend (12.8 vs 53 ms
-        # for 16 MiB here), for the same (N - 1) / N of the bucket per rank.
-        theirs = mx.distributed.all_gather(row(1 - r), group=group, stream=stream)
-        return row(r) + theirs.reshape(2, -1)[1 - r]
-    send_stream, recv_stream = _ring_streams()
-    send_stream = stream or send_stream
-    right, left = (r + 1) % n, (r - 1) % n
-    acc = row((r - 1) % n)
-    for k in range(n - 1):
-        sent = mx.distributed.send(acc, right, group=group, stream=send_stream)
-        got = mx.distributed.recv_like(acc, left, group=group, stream=recv_stream)
-        acc = row((r - k - 2) % n) + mx.depends(got, sent)
-    return acc
-
-
-def _reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Group, path: str, stream: Any) -> mx.array:
-    n = group.size()
-    if n == 1:
-        return row(0)
-    if path in ("ring", "send_recv"):
-        return ring_reduce_scatter(row, group, stream, exchange_at_two=path == "ring")
-    matrix = mx.stack([row(k) for k in range(n)])
-    if path == "sum_scatter":
-        return mx.distributed.sum_scatter(matrix, group=group, stream=stream)[0]
-    return mx.distributed.all_sum(matrix, group=group, stream=stream)[group.rank()]
-
-
-def _all_gather(shard: mx.array, group: mx.distributed.Group, stream: Any) -> mx.array:
-    """``(N * c,)``: every rank's shard, in rank order."""
-    if group.size() == 1:
-        return shard
-    return mx.distributed.all_gather(shard, group=group, stream=stream)
-
-
-def get_plan(parameters_flat: list[tuple[str, mx.array]], communication_size: int, num_shards: int, layout: str) -> ShardPlan:
-    """The core's shard plan for these parameters (cached: planning is pure)."""
-    spec = spec_from_mlx(tree_unflatten(list(parameters_flat)), name="mlx-params")
-    return _plan(spec, int(communication_size), int(num_shards), layout)
-
-
-@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-def _plan(spec, communication_size: int, num_shards: int, layout: str) -> ShardPlan:
-    return plan_shards(plan_buckets(spec, communication_size), num_shards, layout)
-
-
-def clear_caches() -> None:
-    """Forget cached plans, rows' pieces and ring streams (all bounded; tests start clean with this)."""
-    _plan.cache_clear()
-    _PIECES.clear()
-    _ring_streams.cache_clear()
 
 
 def _check_trees(grads: list, params: list) -> None:
@@ -183,67 +56,12 @@ def _check_trees(grads: list, params: list) -> None:
             raise ValueError(f"Gradient '{k}' is {g.dtype} but parameter '{k}' is {p.dtype}; dtypes are never promoted.")
 
 
-_PIECES: OrderedDict[tuple[int, int, int], tuple[weakref.ref, list[tuple[int, int, int]], int]] = OrderedDict()
-
-
-def _row_pieces(plan: ShardPlan, rank: int, bucket: int) -> tuple[list[tuple[int, int, int]], int]:
-    """``([(param_index, start, stop), ...], padding)`` of rank ``rank`` in ``bucket``, from the plan.
-
-    Cached by ``id(plan)`` with a weak reference to the plan, so an id reused by a later
-    plan after the first was collected is never served the old pieces.
-    """
-    key = (id(plan), rank, bucket)
-    cached = _PIECES.get(key)
-    if cached is None or cached[0]() is not plan:
-        index = {p.path: i for i, p in enumerate(plan.buckets.spec.params)}
-        pieces = [(index[s.path], s.start, s.stop) for s in plan.rank_slices(rank, bucket)]
-        padding = int(plan.bucket_chunk_elems[bucket]) - sum(stop - start for _, start, stop in pieces)
-        cached = _PIECES[key] = (weakref.ref(plan), pieces, padding)
-        while len(_PIECES) > PIECE_CACHE_SIZE:  # least recently used first
-            _PIECES.popitem(last=False)
-    _PIECES.move_to_end(key)
-    return cached[1], cached[2]
-
-
-def bucket_row(arrays: list[mx.array], plan: ShardPlan, rank: int, bucket: int) -> mx.array:
-    """Rank ``rank``'s row of ``bucket`` (the elements the plan gives it, then zero padding), 1-D.
-
-    ``arrays`` are all of the model's arrays by parameter index (gradients or parameters).
-    Built from :meth:`~workbench.core.shards.ShardPlan.rank_slices`, so it is the plan by
-    construction; only 1/N of the bucket is copied.
-    """
-    pieces, padding = _row_pieces(plan, rank, bucket)
-    parts = [arrays[i].reshape(-1)[start:stop] for i, start, stop in pieces]
-    if padding:
-        parts.append(mx.zeros((padding,), dtype=arrays[pieces[0][0]].dtype if pieces else arrays[0].dtype))
-    return parts[0] if len(parts) == 1 else mx.concatenate(parts)
-
-
-def _rebuild(gathered: mx.array, params: list[mx.array], plan: ShardPlan, bucket: int) -> list[mx.array]:
-    """Split an all-gathered bucket (``(N * c,)``) back into the bucket's arrays."""
-    idx = plan.buckets.bucket(bucket).tolist()
-    n = plan.num_shards
-    if plan.layout == "flat" or len(idx) == 1:  # rows of a lone array are its contiguous 1/N pieces
-        out, offset = [], 0
-        for i in idx:
-            size = params[i].size
-            out.append(gathered[offset : offset + size].reshape(params[i].shape))
-            offset += size
-        return out
-    matrix, out, col = gathered.reshape(n, -1), [], 0
-    for i in idx:
-        width = params[i].size // n
-        out.append(matrix[:, col : col + width].reshape(params[i].shape))
-        col += width
-    return out
-
-
 def shard_gradients(
     grads_flat: list[tuple[str, mx.array]],
     plan: ShardPlan,
     group: mx.distributed.Group,
     dp_group: mx.distributed.Group | None = None,
-    path: str = "ring",
+    transport: str = "ring",
     stream: Any = None,
 ) -> dict[str, mx.array]:
     """Steps 1-2 of the FSDP step: this rank's shard of the averaged gradient, per bucket.
@@ -257,7 +75,7 @@ def shard_gradients(
     shards = {}
     grads = [g for _, g in grads_flat]
     for b in range(bp.num_buckets):
-        shard = _reduce_scatter(lambda k, b=b: bucket_row(grads, plan, k, b), group, path, stream)
+        shard = reduce_scatter(lambda k, b=b: bucket_row(grads, plan, k, b), group, transport, stream)
         if num_replicas > 1:
             shard = mx.distributed.all_sum(shard, group=dp_group, stream=stream)
         shards[str(b)] = shard / (n * num_replicas)
@@ -359,7 +177,7 @@ def fsdp_apply_gradients(
             ``"sum_scatter"``, ``"ring"`` (the workbench's ring: send/recv, or at two ranks one
             all_gather exchange), ``"send_recv"`` (that ring over send/recv at any N) or ``"all_sum"``.
         report: If a dict is given, it is filled with what the step did: the reduce-scatter
-            path, collectives per kind, buckets, and bytes sent per rank.
+            transport, collectives per kind, buckets, and bytes sent per rank.
 
     Returns:
         The updated full-parameter tree, of the same kind as ``parameters`` (an empty tree comes
@@ -375,8 +193,8 @@ def fsdp_apply_gradients(
     """
     if layout not in ("row", "flat"):
         raise ValueError(f"Unknown layout {layout!r}; fsdp_apply_gradients supports 'row' and 'flat'.")
-    if reduce_scatter not in REDUCE_SCATTER_PATHS:
-        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_PATHS)}.")
+    if reduce_scatter not in REDUCE_SCATTER_TRANSPORTS:
+        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_TRANSPORTS)}.")
     fsdp = fsdp_group or mx.distributed.init()
     n = fsdp.size()
     if dp_group is not None:
@@ -391,11 +209,11 @@ def fsdp_apply_gradients(
         return empty if max_norm is None else (empty, mx.array(0.0, dtype=mx.float32))
     plan = get_plan(params_flat, communication_size, n, layout)
     bp = plan.buckets
-    path = reduce_scatter
-    if path == "auto":
-        path = "sum_scatter" if n > 1 and has_sum_scatter(fsdp) else "ring"
+    transport = reduce_scatter
+    if transport == "auto":
+        transport = "sum_scatter" if n > 1 and has_sum_scatter(fsdp) else "ring"
 
-    grad_shards = shard_gradients(grads_flat, plan, fsdp, dp_group, path, communication_stream)
+    grad_shards = shard_gradients(grads_flat, plan, fsdp, dp_group, transport, communication_stream)
     del grads_flat
     updated, grad_norm = apply_gradient_shards(grad_shards, params_flat, plan, optimizer, fsdp, max_norm,
                                                communication_stream)
@@ -405,14 +223,14 @@ def fsdp_apply_gradients(
         rs_bytes = {"ring": (n - 1) * shard_bytes, "send_recv": (n - 1) * shard_bytes,
                     "sum_scatter": (n - 1) * shard_bytes, "all_sum": 2 * (n - 1) * shard_bytes}
         report.update(
-            reduce_scatter_path=path if n > 1 else "none",
-            ring_transport=(("all_gather exchange" if n == 2 and path == "ring" else "send/recv")
-                            if path in ("ring", "send_recv") and n > 1 else None),
+            reduce_scatter_transport=transport if n > 1 else "none",
+            ring_transport=(("all_gather exchange" if n == 2 and transport == "ring" else "send/recv")
+                            if transport in ("ring", "send_recv") and n > 1 else None),
             num_buckets=bp.num_buckets,
             num_reduce_scatters=bp.num_buckets if n > 1 else 0,
             num_all_gathers=bp.num_buckets if n > 1 else 0,
             num_all_sums=(1 if (max_norm is not None and n > 1) else 0) + (bp.num_buckets if num_replicas > 1 else 0),
-            reduce_scatter_bytes_sent=rs_bytes[path] if n > 1 else 0,
+            reduce_scatter_bytes_sent=rs_bytes[transport] if n > 1 else 0,
             all_gather_bytes_sent=(n - 1) * shard_bytes,
             layout=layout,
             num_shards=n,
@@ -451,9 +269,9 @@ def apply_gradient_shards(grad_shards: dict[str, mx.array], params_flat: list[tu
         # One bucket at a time, its gradient shard and new shard released once gathered: the
         # step's transient is the new parameter tree plus about one bucket (estimate_memory's
         # update_copy and bucket rows), not every bucket's shards and buffers at once.
-        gathered = _all_gather(new_shards.pop(str(b)), group, stream)
+        gathered = all_gather(new_shards.pop(str(b)), group, stream)
         grad_shards.pop(str(b))
-        rebuilt = _rebuild(gathered, params, plan, b)
+        rebuilt = rebuild_arrays(gathered, params, plan, b)
         mx.eval(rebuilt)
         for i, arr in zip(bp.bucket(b).tolist(), rebuilt):
             updated[i] = (params_flat[i][0], arr)

@@ -7,7 +7,7 @@ left) keeps row r of ``reshape(N, -1)`` of each of its own parameters (the core'
 plan, one bucket per unit split only where the dtype changes), so parameters, gradients
 and optimizer state are 1/N per rank. A unit's forward all-gathers its weights; its
 backward reduce-scatters their gradient (``sum_scatter`` where the backend has it, the
-workbench ring otherwise: :func:`~workbench.adapters.mlx.fsdp._reduce_scatter`) and
+workbench ring otherwise: :func:`~workbench.adapters.mlx.transport.reduce_scatter`) and
 divides by N.
 
 ``reshard_after_forward``: MLX arrays are values, so gathered weights are freed only when
@@ -35,7 +35,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from workbench.adapters.mlx.fsdp import REDUCE_SCATTER_PATHS, _rebuild, _reduce_scatter, has_sum_scatter
+from workbench.adapters.mlx.rows import rebuild_arrays
+from workbench.adapters.mlx.transport import REDUCE_SCATTER_TRANSPORTS, has_sum_scatter, reduce_scatter
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
 from workbench.core.specs import spec_from_flat
@@ -44,8 +45,8 @@ from workbench.core.specs import spec_from_flat
 class Collectives:
     """One step's collectives in one chain, counted: ``counts`` by kind, ``bytes_sent`` per rank."""
 
-    def __init__(self, group: mx.distributed.Group, path: str):
-        self.group, self.path, self.last = group, path, None
+    def __init__(self, group: mx.distributed.Group, transport: str):
+        self.group, self.transport, self.last = group, transport, None
         self.counts, self.bytes_sent = Counter(), Counter()
 
     def _after(self, x: mx.array) -> mx.array:
@@ -67,10 +68,10 @@ class Collectives:
         n = self.group.size()
         if n == 1:
             return row(0)
-        out = _reduce_scatter(lambda k: self._after(row(k)), self.group, self.path, None)
+        out = reduce_scatter(lambda k: self._after(row(k)), self.group, self.transport, None)
         self.last = out[:1] * 0
         self.counts["reduce_scatter"] += 1
-        self.bytes_sent["reduce_scatter"] += (2 if self.path == "all_sum" else 1) * (n - 1) * out.nbytes
+        self.bytes_sent["reduce_scatter"] += (2 if self.transport == "all_sum" else 1) * (n - 1) * out.nbytes
         return out
 
     def take(self) -> dict:
@@ -162,7 +163,7 @@ class ShardedUnit(nn.Module):
         for b in range(z.plan.buckets.num_buckets):
             idx = z.plan.buckets.bucket(b).tolist()
             gathered = z.comm.all_gather(mx.concatenate([rows[i] for i in idx]) if len(idx) > 1 else rows[idx[0]])
-            for i, a in zip(idx, _rebuild(gathered, z.shapes, z.plan, b)):
+            for i, a in zip(idx, rebuild_arrays(gathered, z.shapes, z.plan, b)):
                 full[i] = a
         return full
 
@@ -296,11 +297,11 @@ def shard_model(model: nn.Module, group: mx.distributed.Group | None = None, *, 
     group = group or mx.distributed.init()
     if not isinstance(reshard_after_forward, bool):
         raise ValueError(f"reshard_after_forward must be True or False, got {reshard_after_forward!r}.")
-    if reduce_scatter not in REDUCE_SCATTER_PATHS:
-        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_PATHS)}.")
-    path = reduce_scatter
-    if path == "auto":
-        path = "sum_scatter" if group.size() > 1 and has_sum_scatter(group) else "ring"
+    if reduce_scatter not in REDUCE_SCATTER_TRANSPORTS:
+        raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_TRANSPORTS)}.")
+    transport = reduce_scatter
+    if transport == "auto":
+        transport = "sum_scatter" if group.size() > 1 and has_sum_scatter(group) else "ring"
     if units is None:
         layers = model.get("layers") if isinstance(model, nn.Module) else None
         units = [f"layers.{i}" for i in range(len(layers))] if isinstance(layers, list) else []
@@ -318,7 +319,7 @@ def shard_model(model: nn.Module, group: mx.distributed.Group | None = None, *, 
             raise ValueError(f"units: {name!r} is not a submodule of {type(model).__name__}; modules there: {near}.")
     for p, a in params.items():  # every parameter lands in a unit: refuse before changing the model
         _check_divisible(p, a, group.size(), max((u for u in units if p.startswith(u + ".")), key=len, default=""))
-    comm = Collectives(group, path)
+    comm = Collectives(group, transport)
     wrapped = []
     for name in sorted(units, key=lambda u: -u.count(".")):  # innermost first: outer units skip them
         unit = ShardedUnit(modules[name], name, comm, reshard_after_forward=reshard_after_forward)

@@ -1,0 +1,97 @@
+"""A bucket's rows in MLX: plans kept for reuse, a rank's row cut from the arrays, arrays rebuilt from
+the gathered rows. Caches are bounded and keyed; :func:`clear_caches` empties them."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections import OrderedDict
+
+import mlx.core as mx
+from mlx.utils import tree_unflatten
+
+from workbench.adapters.mlx.base import spec_from_mlx
+from workbench.adapters.mlx.transport import (
+    ring_streams,
+)
+from workbench.core.buckets import plan_buckets
+from workbench.core.shards import ShardPlan, plan_shards
+
+#: Plans kept for reuse (a training loop asks for the same few every step), and rows' pieces.
+PLAN_CACHE_SIZE = 64
+
+
+PIECE_CACHE_SIZE = 4096
+
+
+def get_plan(parameters_flat: list[tuple[str, mx.array]], communication_size: int, num_shards: int, layout: str) -> ShardPlan:
+    """The core's shard plan for these parameters (cached: planning is pure)."""
+    spec = spec_from_mlx(tree_unflatten(list(parameters_flat)), name="mlx-params")
+    return _plan(spec, int(communication_size), int(num_shards), layout)
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _plan(spec, communication_size: int, num_shards: int, layout: str) -> ShardPlan:
+    return plan_shards(plan_buckets(spec, communication_size), num_shards, layout)
+
+
+def clear_caches() -> None:
+    """Forget cached plans, rows' pieces and ring streams (all bounded; tests start clean with this)."""
+    _plan.cache_clear()
+    _PIECES.clear()
+    ring_streams.cache_clear()
+
+
+_PIECES: OrderedDict[tuple[int, int, int], tuple[weakref.ref, list[tuple[int, int, int]], int]] = OrderedDict()
+
+
+def _row_pieces(plan: ShardPlan, rank: int, bucket: int) -> tuple[list[tuple[int, int, int]], int]:
+    """``([(param_index, start, stop), ...], padding)`` of rank ``rank`` in ``bucket``, from the plan.
+
+    Cached by ``id(plan)`` with a weak reference to the plan, so an id reused by a later
+    plan after the first was collected is never served the old pieces.
+    """
+    key = (id(plan), rank, bucket)
+    cached = _PIECES.get(key)
+    if cached is None or cached[0]() is not plan:
+        index = {p.path: i for i, p in enumerate(plan.buckets.spec.params)}
+        pieces = [(index[s.path], s.start, s.stop) for s in plan.rank_slices(rank, bucket)]
+        padding = int(plan.bucket_chunk_elems[bucket]) - sum(stop - start for _, start, stop in pieces)
+        cached = _PIECES[key] = (weakref.ref(plan), pieces, padding)
+        while len(_PIECES) > PIECE_CACHE_SIZE:  # least recently used first
+            _PIECES.popitem(last=False)
+    _PIECES.move_to_end(key)
+    return cached[1], cached[2]
+
+
+def bucket_row(arrays: list[mx.array], plan: ShardPlan, rank: int, bucket: int) -> mx.array:
+    """Rank ``rank``'s row of ``bucket`` (the elements the plan gives it, then zero padding), 1-D.
+
+    ``arrays`` are all of the model's arrays by parameter index (gradients or parameters).
+    Built from :meth:`~workbench.core.shards.ShardPlan.rank_slices`, so it is the plan by
+    construction; only 1/N of the bucket is copied.
+    """
+    pieces, padding = _row_pieces(plan, rank, bucket)
+    parts = [arrays[i].reshape(-1)[start:stop] for i, start, stop in pieces]
+    if padding:
+        parts.append(mx.zeros((padding,), dtype=arrays[pieces[0][0]].dtype if pieces else arrays[0].dtype))
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)
+
+
+def rebuild_arrays(gathered: mx.array, params: list[mx.array], plan: ShardPlan, bucket: int) -> list[mx.array]:
+    """Split an all-gathered bucket (``(N * c,)``) back into the bucket's arrays."""
+    idx = plan.buckets.bucket(bucket).tolist()
+    n = plan.num_shards
+    if plan.layout == "flat" or len(idx) == 1:  # rows of a lone array are its contiguous 1/N pieces
+        out, offset = [], 0
+        for i in idx:
+            size = params[i].size
+            out.append(gathered[offset : offset + size].reshape(params[i].shape))
+            offset += size
+        return out
+    matrix, out, col = gathered.reshape(n, -1), [], 0
+    for i in idx:
+        width = params[i].size // n
+        out.append(matrix[:, col : col + width].reshape(params[i].shape))
+        col += width
+    return out
