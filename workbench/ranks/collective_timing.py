@@ -56,7 +56,7 @@ def _bench_jax(spec: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from workbench.adapters.jax.fsdp import _smap
+    from workbench.adapters.jax.step_base import smap
 
     mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("x",))
     bodies = {
@@ -66,7 +66,7 @@ def _bench_jax(spec: dict) -> dict:
     }
     out = {}
     for kind in spec["kinds"]:
-        fn = _smap(bodies[kind], mesh, P("x"), P("x"), True)
+        fn = smap(bodies[kind], mesh, P("x"), P("x"), True)
         for size in spec["sizes_bytes"]:
             local = size // 4 if kind != "all_gather" else size // 4 // n
             x = jax.make_array_from_callback((local * n,), NamedSharding(mesh, P("x")),

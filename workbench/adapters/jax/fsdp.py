@@ -23,7 +23,7 @@ ratios, ``optax.clip_by_global_norm``) would see the wrong arrays; use ``max_nor
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,165 +32,27 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.adapters.jax.accum import accumulate, check_accum, check_batch, counts, split_local
+from workbench.adapters.jax.accum import accumulate, check_accum, counts, split_local
 from workbench.adapters.jax.base import spec_from_jax
+from workbench.adapters.jax.step_base import (
+    StepBase,
+    axis_names,
+    check_mesh,
+    clip_leaves,
+    global_norm,
+    pack_bucket,
+    packed_buckets,
+    smap,
+    state_specs,
+    unpack_bucket,
+    vary,
+)
 from workbench.core.buckets import plan_buckets
-from workbench.core.shards import ShardPlan, plan_shards
-from workbench.core.specs import ModelSpec
+from workbench.core.shards import plan_shards
 from workbench.core.units import MiB
 
-if hasattr(jax, "shard_map"):
-    _shard_map, _CHECK = jax.shard_map, "check_vma"
-else:  # jax < 0.6
-    from jax.experimental.shard_map import shard_map as _shard_map
 
-    _CHECK = "check_rep"
-
-_EPS = 1e-6  # MLX's clip: scale = min(max_norm / (norm + 1e-6), 1)
-
-
-class _Bucket(NamedTuple):
-    """Static layout of one bucket: what ``pack`` and ``unpack`` need, read from the plan."""
-
-    index: tuple[int, ...]  # parameter indices (flatten order) in concatenation order
-    shapes: tuple[tuple[int, ...], ...]
-    sizes: tuple[int, ...]
-    chunks: tuple[int, ...]  # row: elements of each array per rank
-    chunk_elems: int  # c: elements each rank holds of the bucket
-    dtype: str
-
-
-def _buckets(plan: ShardPlan) -> list[_Bucket]:
-    bp, out = plan.buckets, []
-    for b in range(bp.num_buckets):
-        idx = [int(i) for i in bp.bucket(b)]
-        ps = [bp.spec.params[i] for i in idx]
-        assert len({p.dtype for p in ps}) == 1, "the planner never mixes dtypes in a bucket"
-        out.append(_Bucket(tuple(idx), tuple(p.shape for p in ps), tuple(p.size for p in ps),
-                           tuple(int(plan.param_chunk_elems[i]) for i in idx), int(plan.bucket_chunk_elems[b]), ps[0].dtype))
-    return out
-
-
-def _pack(bk: _Bucket, leaves: Sequence[jax.Array], n: int, layout: str) -> jax.Array:
-    """The bucket as one 1-D buffer of N*c elements; elements [r*c, (r+1)*c) are rank r's."""
-    if layout == "row":  # each array (N, -1), concatenated on axis 1: row r = rank r's slice of every array
-        return jnp.concatenate([leaves[i].reshape(n, -1) for i in bk.index], axis=1).reshape(-1)
-    flat = jnp.concatenate([leaves[i].reshape(-1) for i in bk.index])
-    return jnp.pad(flat, (0, n * bk.chunk_elems - flat.shape[0]))
-
-
-def _unpack(bk: _Bucket, buf: jax.Array, n: int, layout: str) -> list[jax.Array]:
-    """Inverse of :func:`_pack`: the bucket's arrays, in their shapes."""
-    if layout == "row":
-        parts = jnp.split(buf.reshape(n, bk.chunk_elems), np.cumsum(bk.chunks)[:-1], axis=1)
-    else:
-        parts = jnp.split(buf[: sum(bk.sizes)], np.cumsum(bk.sizes)[:-1])
-    return [p.reshape(s) for p, s in zip(parts, bk.shapes)]
-
-
-def _smap(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any, communicates: bool) -> Callable:
-    """``jit(shard_map(f))``. Without communication (one device) the replication check is off, so no
-    implicit all-reduce is inserted and no single-device collective survives in the compiled program."""
-    return jax.jit(_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **{_CHECK: communicates}))
-
-
-def _vary(tree: Any, axes: tuple[str, ...]) -> Any:
-    """Mark replicated values as varying over ``axes`` so that grad gives each device its local
-    gradient (otherwise shard_map's type system would insert an all-reduce of its own)."""
-    return jax.lax.pcast(tree, axes, to="varying") if axes else tree
-
-
-def _axes(axis: str | Sequence[str] | None) -> tuple[str, ...]:
-    return () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
-
-
-def _check_mesh(mesh: Mesh, axes: tuple[str, ...]) -> None:
-    for a in axes:
-        if a not in mesh.axis_names:
-            raise ValueError(f"Mesh axis {a!r} not found; the mesh has axes {tuple(mesh.axis_names)}.")
-    unused = [a for a in mesh.axis_names if a not in axes and mesh.shape[a] > 1]
-    if unused:
-        raise ValueError(f"Mesh axes {unused} are neither the sharding nor the data-parallel axis; name them or drop them.")
-
-
-def _state_specs(optimizer: optax.GradientTransformation, local: Any, axis: str) -> Any:
-    """Specs of the optimizer state: non-scalar leaves mirror the sharded params, scalars are replicated."""
-    return jax.tree_util.tree_map(lambda s: P(axis) if s.ndim else P(), jax.eval_shape(optimizer.init, local))
-
-
-def _global_norm(leaves: Sequence[jax.Array]) -> jax.Array:
-    """Local sum of squares in float32, shape ()."""
-    return sum((jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves), jnp.zeros((), jnp.float32))
-
-
-def _clip(leaves: list[jax.Array], norm: jax.Array, max_norm: float | None) -> list[jax.Array]:
-    if max_norm is None:
-        return leaves
-    scale = jnp.minimum(max_norm / (norm + _EPS), 1.0)
-    return [(g * scale).astype(g.dtype) for g in leaves]
-
-
-class _StepBase:
-    """Checks shared by the steps (errors name the path at fault), and :meth:`lower`."""
-
-    spec: ModelSpec
-    treedef: Any
-    num_data: int
-    num_microbatches: int = 1
-    defer_sync: bool = True
-    collective_counts: dict[str, int]
-
-    @property
-    def num_collectives(self) -> int:
-        """Gradient-path collectives per step: the sum of :attr:`collective_counts`."""
-        return sum(self.collective_counts.values())
-
-    @property
-    def num_syncs(self) -> int:
-        """Gradient synchronisations per step: G with per-micro-batch sync, else 1."""
-        return self.num_microbatches if not self.defer_sync else 1
-
-    def _check_params(self, params: Any, what: str = "params") -> None:
-        leaves, treedef = jax.tree_util.tree_flatten(params)
-        if treedef != self.treedef:
-            raise ValueError(f"{what} has tree structure {treedef}, but the step was planned for {self.treedef}.")
-        for p, leaf in zip(self.spec.params, leaves):
-            if tuple(leaf.shape) != p.shape or jnp.dtype(leaf.dtype).name != p.dtype:
-                raise ValueError(f"{what} leaf '{p.path}' is {leaf.dtype}{tuple(leaf.shape)}; "
-                                 f"the plan expects {p.dtype}{p.shape}.")
-
-    def _check_batch(self, batch: Any) -> None:
-        check_batch(batch, self.num_data, self.num_microbatches)
-
-    def lower(self, *args: Any) -> jax.stages.Lowered:
-        """The lowered step for these arguments: ``.as_text()`` shows every collective,
-        ``.compile().memory_analysis()`` XLA's buffer sizes in bytes."""
-        return self._step.lower(*args)
-
-    def init(self, params: Any) -> Any:
-        """The optimizer state for ``params`` (FSDP: per bucket a 1-D array of N*c elements
-        sharded ``P(axis)``, so each device holds its 1/N; DDP: replicated)."""
-        self._check_params(params)
-        return self._init(params)
-
-    def step(self, params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict]:
-        """One step on the global batch (axis 0 split over all data-parallel ranks, then each
-        rank's rows into G consecutive micro-batches).
-
-        Returns:
-            ``(params, opt_state, metrics)``: params replicated ``P()``; metrics ``loss``
-            (global mean, over ranks and micro-batches), ``grad_norm`` (of the averaged
-            gradient, before clipping) and
-            ``num_collectives`` (int). Debug options add FSDP's ``grad_shards`` (per bucket
-            the (N*c,) averaged gradient, device r holding [r*c, (r+1)*c)) or DDP's ``grads``.
-        """
-        self._check_params(params)
-        self._check_batch(batch)
-        params, opt_state, metrics = self._step(params, opt_state, batch)
-        return params, opt_state, {**metrics, "num_collectives": self.num_collectives}
-
-
-class FsdpStep(_StepBase):
+class FsdpStep(StepBase):
     """An FSDP (or HSDP) training step; build it with :func:`make_fsdp_step`.
 
     Attributes:
@@ -213,7 +75,7 @@ class FsdpStep(_StepBase):
         self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
         if layout not in ("row", "flat"):
             raise ValueError(f"FSDP layout must be 'row' or 'flat', got {layout!r}.")
-        _check_mesh(mesh, _axes(axis) + _axes(dp_axis))
+        check_mesh(mesh, axis_names(axis) + axis_names(dp_axis))
         self.mesh, self.axis, self.dp_axis, self.layout, self.max_norm = mesh, axis, dp_axis, layout, max_norm
         self.loss_fn, self.optimizer, self.return_grad_shards = loss_fn, optimizer, return_grad_shards
         self.num_shards = n = int(mesh.shape[axis])
@@ -223,27 +85,27 @@ class FsdpStep(_StepBase):
         self.spec = spec_from_jax(params, name="params")
         self.treedef = jax.tree_util.tree_structure(params)
         self.plan = plan_shards(plan_buckets(self.spec, communication_size), n, layout)
-        self._buckets = _buckets(self.plan)
-        plan, nb = self.plan, len(self._buckets)
+        self.packed_buckets = packed_buckets(self.plan)
+        plan, nb = self.plan, len(self.packed_buckets)
         k = self.num_syncs
         self.collective_counts = counts(
             all_reduce=(max_norm is not None and n > 1) + (k * nb if num_replicas > 1 else 0),
             reduce_scatter=k * plan.num_reduce_scatters if n > 1 else 0,
             all_gather=plan.num_all_gathers if n > 1 else 0)
-        local = [jax.ShapeDtypeStruct((bk.chunk_elems,), bk.dtype) for bk in self._buckets]
-        specs = _state_specs(optimizer, local, axis)
-        data = P(_axes(dp_axis) + (axis,))
+        local = [jax.ShapeDtypeStruct((bk.chunk_elems,), bk.dtype) for bk in self.packed_buckets]
+        specs = state_specs(optimizer, local, axis)
+        data = P(axis_names(dp_axis) + (axis,))
         metrics = {"loss": P(), "grad_norm": P()} | ({"grad_shards": [P(axis)] * nb} if return_grad_shards else {})
         self.param_sharding, self.batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, data)
         live = self.num_data > 1
-        self._init = _smap(self._init_body, mesh, (P(),), specs, live)
-        self._step = _smap(self._step_body, mesh, (P(), specs, data), (P(), specs, metrics), live)
+        self._init = smap(self._init_body, mesh, (P(),), specs, live)
+        self._step = smap(self._step_body, mesh, (P(), specs, data), (P(), specs, metrics), live)
 
     def _local_slices(self, leaves: Sequence[jax.Array]) -> list[jax.Array]:
         r = jax.lax.axis_index(self.axis)
         n, layout = self.num_shards, self.layout
-        return [jax.lax.dynamic_slice_in_dim(_pack(bk, leaves, n, layout), r * bk.chunk_elems, bk.chunk_elems)
-                for bk in self._buckets]
+        return [jax.lax.dynamic_slice_in_dim(pack_bucket(bk, leaves, n, layout), r * bk.chunk_elems, bk.chunk_elems)
+                for bk in self.packed_buckets]
 
     def _init_body(self, params):
         return self.optimizer.init(self._local_slices(jax.tree_util.tree_leaves(params)))
@@ -252,8 +114,8 @@ class FsdpStep(_StepBase):
         """Local gradients -> per bucket this rank's summed shard (divided by ``divisor``, if given)."""
         n, axis, dp, layout = self.num_shards, self.axis, self._dp, self.layout
         g_leaves, shards = self.treedef.flatten_up_to(grads), []
-        for bk in self._buckets:
-            s = _pack(bk, g_leaves, n, layout)
+        for bk in self.packed_buckets:
+            s = pack_bucket(bk, g_leaves, n, layout)
             s = jax.lax.psum_scatter(s, axis, scatter_dimension=0, tiled=True) if n > 1 else s
             s = jax.lax.psum(s, dp) if dp else s
             shards.append(s / divisor if divisor else s)
@@ -261,8 +123,8 @@ class FsdpStep(_StepBase):
 
     def _step_body(self, params, opt_state, batch):
         n, axis, dp, layout, g = self.num_shards, self.axis, self._dp, self.layout, self.num_microbatches
-        data_axes = _axes(dp) + ((axis,) if n > 1 else ())
-        value_and_grad, varying = jax.value_and_grad(self.loss_fn), _vary(params, data_axes)
+        data_axes = axis_names(dp) + ((axis,) if n > 1 else ())
+        value_and_grad, varying = jax.value_and_grad(self.loss_fn), vary(params, data_axes)
         if self.num_syncs > 1:  # reduce-scatter every micro-batch, accumulate this rank's shards
             loss, shards = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g),
                                       lambda grads: self._reduce(grads, None))
@@ -270,16 +132,16 @@ class FsdpStep(_StepBase):
         else:  # G=1, or deferred: accumulate full local gradients, reduce-scatter once
             loss, grads = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g))
             shards = self._reduce(grads, self.num_data * g)
-        sq = _global_norm(shards)
+        sq = global_norm(shards)
         norm = jnp.sqrt(jax.lax.psum(sq, axis) if n > 1 else sq)
-        clipped = _clip(shards, norm, self.max_norm)
+        clipped = clip_leaves(shards, norm, self.max_norm)
         slices = self._local_slices(self.treedef.flatten_up_to(params))
         updates, opt_state = self.optimizer.update(clipped, opt_state, slices)
         new = optax.apply_updates(slices, updates)
         leaves: list = [None] * len(self.spec.params)
-        for bk, s in zip(self._buckets, new):
+        for bk, s in zip(self.packed_buckets, new):
             full = jax.lax.all_gather(s, axis, tiled=True, to="invarying") if n > 1 else s
-            for i, a in zip(bk.index, _unpack(bk, full, n, layout)):
+            for i, a in zip(bk.index, unpack_bucket(bk, full, n, layout)):
                 leaves[i] = a
         metrics = {"loss": jax.lax.pmean(loss, data_axes) if data_axes else loss, "grad_norm": norm}
         if self.return_grad_shards:
@@ -324,7 +186,7 @@ def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimi
                     num_microbatches=num_microbatches, defer_sync=defer_sync)
 
 
-class DdpStep(_StepBase):
+class DdpStep(StepBase):
     """The DDP reference; build it with :func:`make_ddp_step`.
 
     ``num_collectives``: one all-reduce per array (G per array with per-micro-batch sync).
@@ -333,8 +195,8 @@ class DdpStep(_StepBase):
     def __init__(self, loss_fn, params, optimizer, mesh, *, axis, max_norm, return_grads, num_microbatches, defer_sync):
         check_accum(num_microbatches, defer_sync)
         self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
-        self.axes = _axes(axis)
-        _check_mesh(mesh, self.axes)
+        self.axes = axis_names(axis)
+        check_mesh(mesh, self.axes)
         self.loss_fn, self.optimizer, self.max_norm, self.return_grads = loss_fn, optimizer, max_norm, return_grads
         self.spec = spec_from_jax(params, name="params")
         self.treedef = jax.tree_util.tree_structure(params)
@@ -344,11 +206,11 @@ class DdpStep(_StepBase):
         self.param_sharding, self.batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P(self.axes))
         self._init = jax.jit(optimizer.init, out_shardings=self.param_sharding)
         self._live = tuple(a for a in self.axes if mesh.shape[a] > 1)
-        self._step = _smap(self._step_body, mesh, (P(), P(), P(self.axes)), (P(), P(), metrics), bool(self._live))
+        self._step = smap(self._step_body, mesh, (P(), P(), P(self.axes)), (P(), P(), metrics), bool(self._live))
 
     def _step_body(self, params, opt_state, batch):
         live, g = self._live, self.num_microbatches
-        value_and_grad, varying = jax.value_and_grad(self.loss_fn), _vary(params, live)
+        value_and_grad, varying = jax.value_and_grad(self.loss_fn), vary(params, live)
         per_micro = self.num_syncs > 1
         sync = (lambda grads: jax.lax.pmean(grads, live)) if per_micro and live else None
         loss, grads = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g), sync)
@@ -358,8 +220,8 @@ class DdpStep(_StepBase):
         elif live:
             grads, loss = jax.lax.pmean((grads, loss), live)
         leaves = self.treedef.flatten_up_to(grads)
-        norm = jnp.sqrt(_global_norm(leaves))
-        clipped = self.treedef.unflatten(_clip(leaves, norm, self.max_norm))
+        norm = jnp.sqrt(global_norm(leaves))
+        clipped = self.treedef.unflatten(clip_leaves(leaves, norm, self.max_norm))
         updates, opt_state = self.optimizer.update(clipped, opt_state, params)
         metrics = {"loss": loss, "grad_norm": norm} | ({"grads": grads} if self.return_grads else {})
         return optax.apply_updates(params, updates), opt_state, metrics

@@ -25,16 +25,16 @@ from jax.sharding import PartitionSpec as P
 
 from workbench.adapters.jax.accum import accumulate, check_accum, counts, split_local
 from workbench.adapters.jax.base import spec_from_jax
-from workbench.adapters.jax.fsdp import (
-    _buckets,
-    _check_mesh,
-    _clip,
-    _global_norm,
-    _pack,
-    _smap,
-    _state_specs,
-    _StepBase,
-    _unpack,
+from workbench.adapters.jax.step_base import (
+    StepBase,
+    check_mesh,
+    clip_leaves,
+    global_norm,
+    pack_bucket,
+    packed_buckets,
+    smap,
+    state_specs,
+    unpack_bucket,
 )
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
@@ -53,7 +53,7 @@ def chain_units(apply_units: Sequence[Callable], loss_fn: Callable[[Any, Any], j
     return loss
 
 
-class Zero3Step(_StepBase):
+class Zero3Step(StepBase):
     """A ZeRO-3 step (parameters, gradients and optimizer state sharded); build it with :func:`make_zero3_step`.
 
     At rest every array of shape S is stored as (N, prod(S)/N), sharded ``P(axis)``: device
@@ -83,27 +83,27 @@ class Zero3Step(_StepBase):
         units = list(params)
         if len(units) != len(apply_units):
             raise ValueError(f"{len(apply_units)} unit functions but {len(units)} parameter units; pass one per unit.")
-        _check_mesh(mesh, (axis,))
+        check_mesh(mesh, (axis,))
         self.apply_units, self.loss_fn, self.optimizer = list(apply_units), loss_fn, optimizer
         self.mesh, self.axis, self.max_norm, self.remat = mesh, axis, max_norm, reshard_after_forward
         self.num_shards = self.num_data = n = int(mesh.shape[axis])
         self.spec = spec_from_jax(units, name="units")  # paths "u.name"
         self.treedef = jax.tree_util.tree_structure(units)
-        self.plans, self._buckets, start = [], [], 0
+        self.plans, self.packed_buckets, start = [], [], 0
         for u, unit in enumerate(units):
             count = len(jax.tree_util.tree_leaves(unit))
             sub = ModelSpec(f"unit {u}", self.spec.params[start:start + count])
             plan = plan_shards(plan_buckets(sub, max(sub.nbytes, 1)), n, "row")
             self.plans.append(plan)
-            self._buckets.append(_buckets(plan))
+            self.packed_buckets.append(packed_buckets(plan))
             start += count
-        nb = sum(len(b) for b in self._buckets)
+        nb = sum(len(b) for b in self.packed_buckets)
         g, deferred = self.num_microbatches, self.deferred
         gathers = nb if deferred else g * nb * (2 if reshard_after_forward else 1)
         self.collective_counts = counts(all_reduce=max_norm is not None, reduce_scatter=nb * self.num_syncs,
                                         all_gather=gathers) if n > 1 else counts()
         local = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((1, int(np.prod(a.shape)) // n), a.dtype), units)
-        specs = _state_specs(optimizer, local, axis)
+        specs = state_specs(optimizer, local, axis)
         self.sharded, self.replicated = NamedSharding(mesh, P(axis)), NamedSharding(mesh, P())
         self.batch_sharding = self.sharded
         self._shard = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: a.reshape(n, -1), t), out_shardings=self.sharded)
@@ -111,18 +111,18 @@ class Zero3Step(_StepBase):
         self._unshard = jax.jit(
             lambda t: self.treedef.unflatten([a.reshape(s) for a, s in zip(self.treedef.flatten_up_to(t), shapes)]),
             out_shardings=self.replicated)
-        self._init = _smap(optimizer.init, mesh, (P(axis),), specs, n > 1)
+        self._init = smap(optimizer.init, mesh, (P(axis),), specs, n > 1)
         metrics = {"loss": P(), "grad_norm": P()}
-        self._step = _smap(self._step_body, mesh, (P(axis), specs, P(axis)), (P(axis), specs, metrics), n > 1)
+        self._step = smap(self._step_body, mesh, (P(axis), specs, P(axis)), (P(axis), specs, metrics), n > 1)
 
     def _gather(self, u: int, local_unit: Any) -> Any:
         """Unit u's full weights from the local rows (1, size/N): one tiled all-gather per bucket."""
         leaves, treedef = jax.tree_util.tree_flatten(local_unit)
         full: list = [None] * len(leaves)
-        for bk in self._buckets[u]:
+        for bk in self.packed_buckets[u]:
             buf = jnp.concatenate([leaves[i] for i in bk.index], axis=1)  # (1, c)
             buf = jax.lax.all_gather(buf, self.axis, axis=0, tiled=True) if self.num_shards > 1 else buf  # (N, c)
-            for i, a in zip(bk.index, _unpack(bk, buf.reshape(-1), self.num_shards, "row")):
+            for i, a in zip(bk.index, unpack_bucket(bk, buf.reshape(-1), self.num_shards, "row")):
                 full[i] = a
         return treedef.unflatten(full)
 
@@ -135,8 +135,8 @@ class Zero3Step(_StepBase):
         """Unit u's full local gradients -> its (1, size/N) rows, summed over ranks: one psum_scatter per bucket."""
         leaves, treedef = jax.tree_util.tree_flatten(full_grads)
         rows: list = [None] * len(leaves)
-        for bk in self._buckets[u]:
-            buf = _pack(bk, leaves, self.num_shards, "row")  # (N*c,): elements [r*c, (r+1)*c) are rank r's
+        for bk in self.packed_buckets[u]:
+            buf = pack_bucket(bk, leaves, self.num_shards, "row")  # (N*c,): elements [r*c, (r+1)*c) are rank r's
             buf = jax.lax.psum_scatter(buf, self.axis, scatter_dimension=0, tiled=True) if self.num_shards > 1 else buf
             for i, a in zip(bk.index, jnp.split(buf, np.cumsum(bk.chunks)[:-1])):
                 rows[i] = a.reshape(1, -1)
@@ -166,10 +166,10 @@ class Zero3Step(_StepBase):
             value_and_grad = jax.value_and_grad(forward)
             loss, grads = accumulate(lambda micro: value_and_grad(sharded, micro), micro_batches)
         leaves = [a / (self.num_data * g) for a in self.treedef.flatten_up_to(grads)]
-        sq = _global_norm(leaves)
+        sq = global_norm(leaves)
         n = self.num_shards
         norm = jnp.sqrt(jax.lax.psum(sq, self.axis) if n > 1 else sq)
-        grads = self.treedef.unflatten(_clip(leaves, norm, self.max_norm))
+        grads = self.treedef.unflatten(clip_leaves(leaves, norm, self.max_norm))
         updates, opt_state = self.optimizer.update(grads, opt_state, sharded)
         loss = jax.lax.pmean(loss, self.axis) if n > 1 else loss
         return optax.apply_updates(sharded, updates), opt_state, {"loss": loss, "grad_norm": norm}
