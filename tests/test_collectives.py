@@ -11,7 +11,8 @@ from workbench.launch.benchmark import KINDS, benchmark_spec, run_collective_ben
 from workbench.launch.driver import run_training
 from workbench.runs.estimate import estimate_run_memory, run_model_spec
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore, load_runs
+from workbench.runs.store import RunStore
+from workbench.runs.tables import load_runs
 from workbench.studies.runs import WARMUP_STEPS
 from workbench.studies.step_time import (
     comm_size_table,

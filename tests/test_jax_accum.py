@@ -233,7 +233,7 @@ def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(t
     counts G reduce-scatters per bucket in every step row and matches the G=1 run's losses."""
     from workbench.launch.driver import run_training
     from workbench.runs.spec import RunSpec
-    from workbench.runs.store import load_runs
+    from workbench.runs.tables import load_runs
 
     tiny = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)
     specs = {g: RunSpec(framework="jax", strategy="fsdp-row", num_ranks=2, steps=3, global_batch=8, model=tiny,

@@ -14,7 +14,6 @@ from workbench.views.memory import (
     UNITS,
     ZERO_FIGURE_1,
     breakdown_summary,
-    build_memory_explorer,
     estimate_breakdowns,
     estimator_table,
     fig_memory_breakdown,
@@ -24,6 +23,7 @@ from workbench.views.memory import (
     peak_label,
     zero_figure_1_table,
 )
+from workbench.views.memory_explorer import build_memory_explorer
 
 
 def bars(fig) -> dict[str, list[float]]:

@@ -6,16 +6,9 @@ import pytest
 from workbench.core.presets import get_preset
 from workbench.estimate.breakdown import MODEL_STATES
 from workbench.estimate.memory import estimate_memory
-from workbench.studies.moe import (
-    GB,
-    expert_params,
-    fig_moe_memory_vs_shards,
-    fig_moe_rank_layout,
-    moe_memory_table,
-    moe_rank_layout,
-    moe_summary,
-    policy_label,
-)
+from workbench.estimate.moe import expert_params, policy_label
+from workbench.studies.moe import GB, moe_memory_table, moe_rank_layout, moe_summary
+from workbench.studies.moe_figures import fig_moe_memory_vs_shards, fig_moe_rank_layout
 
 # tiny-moe (hidden 64, 2 blocks, 4 experts of width 128, vocab 256, untied head), by hand:
 EMBEDDING = 2 * 256 * 64  # embed_tokens and lm_head

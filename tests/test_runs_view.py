@@ -3,7 +3,8 @@
 import numpy as np
 
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore, load_runs
+from workbench.runs.store import RunStore
+from workbench.runs.tables import load_runs
 from workbench.studies.runs import ddp_twin, fig_diff_to_ddp, fig_loss_curves, fig_step_time_memory, summarize_runs
 from workbench.views.progress import LiveProgress
 

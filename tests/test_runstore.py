@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from workbench.runs.store import RunStore, load_runs, run_id_for, sweep
+from workbench.runs.store import RunStore, run_id_for, sweep
+from workbench.runs.tables import load_runs
 
 SPEC = {"framework": "mlx", "strategy": "fsdp", "model": "tiny", "num_ranks": 2, "bucket_bytes": 2**20}
 META = {"versions": {"mlx": "0.32.0", "numpy": "2.4"}, "backend": "ring", "collective_path": "all_gather",

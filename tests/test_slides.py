@@ -13,7 +13,7 @@ import pytest
 
 from workbench.__main__ import main
 from workbench.publish import slides
-from workbench.runs.store import load_runs
+from workbench.runs.tables import load_runs
 from workbench.studies.runs import summarize_runs
 
 PLOTLY_BANNER = re.compile(r"\* plotly\.js v\d+\.\d+\.\d+")

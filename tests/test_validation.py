@@ -6,7 +6,7 @@ from workbench.estimate.breakdown import PHASES
 from workbench.launch.driver import run_training
 from workbench.runs.estimate import estimate_run_memory, spec_from_row
 from workbench.runs.spec import VALIDATION_MODEL, RunSpec
-from workbench.runs.store import load_runs
+from workbench.runs.tables import load_runs
 from workbench.studies.memory import COMPONENT_TOLERANCE, PEAK_TOLERANCE, memory_validation, memory_validation_summary
 
 

@@ -32,7 +32,8 @@ class BuildResult:
 
 
 @contextmanager
-def _env(**values: str):
+def scoped_env(**values: str):
+    """Set environment variables for the duration of a with block, then restore them (unset if they were)."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -169,7 +170,7 @@ def execute_notebook(path: Path, *, timeout_s: float | None = None, progress=Non
     else:
         kernel_log = open(os.devnull, "w")
     streams = {"stdout": kernel_log, "stderr": kernel_log}
-    with _env(**env), _KernelInterrupter(client) as interrupter:
+    with scoped_env(**env), _KernelInterrupter(client) as interrupter:
         try:
             client.execute(**streams)
         except (CellExecutionError, DeadKernelError) as err:

@@ -496,7 +496,7 @@ def write_figures(figures: list[tuple[int, dict]], folder: Path, formats: tuple[
 
     if not figures:
         return []
-    from workbench.publish.nbtools import _env
+    from workbench.publish.nbtools import scoped_env
 
     chromium = find_chromium()  # fails here with the clear message, not deep inside kaleido
     folder.mkdir(parents=True, exist_ok=True)
@@ -506,7 +506,7 @@ def write_figures(figures: list[tuple[int, dict]], folder: Path, formats: tuple[
         for fmt in formats:
             figs.append(fig)
             paths.append(folder / f"{stem}.{fmt}")
-    with _env(BROWSER_PATH=chromium):  # kaleido's browser finder (choreographer) reads it
+    with scoped_env(BROWSER_PATH=chromium):  # kaleido's browser finder (choreographer) reads it
         pio.write_images(figs, paths, width=width, height=height, scale=scale, validate=False)
     missing = [str(p) for p in paths if not p.is_file() or p.stat().st_size == 0]
     if missing:

@@ -28,7 +28,7 @@ from workbench.estimate.comm import bus_factor
 from workbench.models.init import LMConfig
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
 from workbench.studies.runs import loss_curves
-from workbench.studies.step_time import _steady
+from workbench.studies.step_time import steady_median
 from workbench.views.style import figure, subplot_grid
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def accumulation_model_table(specs: Iterable[Any]) -> "pd.DataFrame":
 
 
 def accumulation_table(loaded) -> "pd.DataFrame":
-    """One row per done run of :func:`workbench.runs.store.load_runs` output.
+    """One row per done run of :func:`workbench.runs.tables.load_runs` output.
 
     Columns: ``framework``, ``strategy``, ``G``, ``mode``, ``collectives`` (per step, all kinds, as
     the ranks' steps issue them: every rank must report the same), ``expected_collectives``,
@@ -197,7 +197,7 @@ def accumulation_table(loaded) -> "pd.DataFrame":
             "compiled_collectives": sum(compiled.values()) if compiled else None,
             "counted": counted, "expected": expected_collectives(fields),
             "mib_sent": expected_bytes(fields) / 2**20,
-            "step_ms": _ms(_steady(steps, "step_time_s")), "sync_ms": _ms(_steady(steps, "sync_time_s")),
+            "step_ms": _ms(steady_median(steps, "step_time_s")), "sync_ms": _ms(steady_median(steps, "sync_time_s")),
             "peak_mib": peak / 2**20 if peak is not None else None, "model_peak_mib": model_peak / 2**20,
             "peak_ratio": peak / model_peak if peak is not None else None, "run_id": run.run_id,
             "_key": repr(sorted((k, v) for k, v in fields.items() if k not in ("num_microbatches", "defer_sync"))),

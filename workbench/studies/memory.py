@@ -14,8 +14,13 @@ the ranks measured (every run record holds it):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.runs.estimate import estimate_run_memory, spec_from_row
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Largest relative error allowed for parameters and optimizer state.
 COMPONENT_TOLERANCE = 0.05
@@ -36,7 +41,7 @@ def memory_validation(loaded) -> "pd.DataFrame":
     """Predicted against measured memory, one row per (done run, rank, component).
 
     Args:
-        loaded: :func:`workbench.runs.store.load_runs` output.
+        loaded: :func:`workbench.runs.tables.load_runs` output.
 
     Returns:
         Columns ``run``, ``run_id``, ``framework``, ``strategy``, ``rank``, ``component``

@@ -26,61 +26,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-import plotly.graph_objects as go
-
-from workbench.core.presets import PRESETS, get_preset, is_expert_param
 from workbench.core.specs import ModelSpec
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.knobs import SHARDED_STATES
 from workbench.estimate.memory import estimate_memory
-from workbench.views.style import KIND_COLORS, SERIES_COLORS, figure, param_kind
+from workbench.estimate.moe import (
+    DEFAULT_EXPERT_PARALLEL,
+    check_expert_parallel,
+    expert_params,
+    moe_preset,
+    policy_label,
+)
+from workbench.views.style import KIND_COLORS, param_kind
 
 if TYPE_CHECKING:
     import pandas as pd
 
 GB = 10**9
-#: The default policies compared: experts sharded by FSDP, then experts outside FSDP with EP degree 1 and 4.
-DEFAULT_EXPERT_PARALLEL = (None, 1, 4)
-#: Segment patterns of :func:`fig_moe_rank_layout`: sharded by the FSDP group, or whole experts.
-HELD_PATTERNS = {"fsdp": "", "experts": "x"}
-
-
-def policy_label(expert_parallel: int | None) -> str:
-    """A display name: ``None`` -> experts sharded by FSDP; k -> experts sharded by EP = k, outside FSDP."""
-    if expert_parallel is None:
-        return "experts sharded by FSDP"
-    if expert_parallel == 1:
-        return "experts outside FSDP, replicated"
-    return f"experts outside FSDP, EP={expert_parallel}"
-
-
-def _moe_preset(preset_name: str) -> tuple[ModelSpec, int]:
-    """The spec of an MoE preset and its experts per block; ``ValueError`` naming the preset otherwise."""
-    if preset_name not in PRESETS:
-        raise ValueError(f"preset_name: unknown preset {preset_name!r}; known: {', '.join(sorted(PRESETS))}.")
-    config = PRESETS[preset_name]
-    if not config.is_moe:
-        moe = sorted(k for k, c in PRESETS.items() if c.is_moe)
-        raise ValueError(f"preset_name: {preset_name!r} is a dense model (no experts); MoE presets: {', '.join(moe)}.")
-    return get_preset(preset_name), config.num_experts
-
-
-def _check_degrees(degrees: Sequence[int | None], num_experts: int) -> tuple[int | None, ...]:
-    degrees = tuple(degrees)
-    if not degrees:
-        raise ValueError("expert_parallel_degrees: need at least one policy (None, or an EP degree k >= 1).")
-    for k in degrees:
-        if k is None:
-            continue
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or num_experts % k:
-            raise ValueError(f"expert_parallel={k!r} must be None or an integer k >= 1 that divides the "
-                             f"{num_experts} experts per block (each EP rank holds whole experts).")
-    return degrees
-
-
-def expert_params(spec: ModelSpec) -> int:
-    """Elements of the routed-expert parameters of ``spec`` (:func:`~workbench.core.presets.is_expert_param`)."""
-    return sum(p.size for p in spec if is_expert_param(p.path))
 
 
 def _estimate(spec: ModelSpec, strategy: str, num_shards: int, expert_parallel: int | None,
@@ -118,8 +80,8 @@ def moe_memory_table(preset_name: str, num_shards: int,
     """
     import pandas as pd
 
-    spec, num_experts = _moe_preset(preset_name)
-    degrees = _check_degrees(expert_parallel_degrees, num_experts)
+    spec, num_experts = moe_preset(preset_name)
+    degrees = check_expert_parallel(expert_parallel_degrees, num_experts)
     num_expert = expert_params(spec)
     rows = []
     for k in degrees:
@@ -160,8 +122,8 @@ def moe_rank_layout(preset_name: str, num_shards: int, expert_parallel: int | No
     """
     import pandas as pd
 
-    spec, num_experts = _moe_preset(preset_name)
-    (k,) = _check_degrees((expert_parallel,), num_experts)
+    spec, num_experts = moe_preset(preset_name)
+    (k,) = check_expert_parallel((expert_parallel,), num_experts)
     by_kind: dict[str, list] = {}
     for p in spec:
         by_kind.setdefault(param_kind(p.path), []).append(p)
@@ -187,78 +149,6 @@ def moe_rank_layout(preset_name: str, num_shards: int, expert_parallel: int | No
                          params_per_rank=elems, parameters_bytes=est["parameters"],
                          model_state_bytes=est.model_state_bytes))
     return pd.DataFrame(rows)
-
-
-def fig_moe_rank_layout(preset_name: str, num_shards: int = 8, expert_parallel: int = 1, *,
-                        strategy: str = "zero3", height: int = 360, **knobs) -> go.Figure:
-    """One rank's model states by parameter kind: experts sharded by FSDP vs by expert parallelism.
-
-    Two horizontal stacked bars (GB per rank, :func:`moe_rank_layout` of each policy): segments
-    coloured by kind (:data:`~workbench.views.style.KIND_COLORS`); solid segments are what the FSDP
-    group shards (1/N), cross-hatched ones whole experts held outside FSDP. Hover gives the
-    elements per rank and how they are held.
-
-    Raises:
-        ValueError: as :func:`moe_memory_table`; ``expert_parallel=None`` (the figure compares it with ``None``).
-    """
-    if expert_parallel is None:
-        raise ValueError("expert_parallel: give the EP degree k >= 1 to compare with FSDP-sharded experts "
-                         "(None is the other bar).")
-    layouts = {policy_label(k): moe_rank_layout(preset_name, num_shards, k, strategy=strategy, **knobs)
-               for k in (None, expert_parallel)}
-    y = list(layouts)
-    traces = []
-    for kind in KIND_COLORS:
-        for held, pattern in HELD_PATTERNS.items():
-            rows = [t[(t.kind == kind) & (t.held_as == held)] for t in layouts.values()]
-            if not any(len(r) for r in rows):
-                continue
-            x = [float(r.model_state_bytes.sum()) / GB if len(r) else 0.0 for r in rows]
-            text = [f"{r.description.iloc[0]}: {r.params_per_rank.iloc[0]:,.0f} of {r.num_params.iloc[0]:,} "
-                    "parameters" if len(r) else "" for r in rows]
-            traces.append(dict(type="bar", orientation="h", y=y, x=x, name=kind if held == "fsdp" else
-                               f"{kind} (whole experts, outside FSDP)", customdata=text,
-                               marker=dict(color=KIND_COLORS[kind], line=dict(width=0), pattern=dict(shape=pattern)),
-                               hovertemplate=f"{kind}: %{{x:.3f}} GB per rank<br>%{{customdata}}<extra></extra>"))
-    title = (f"{preset_name}: what one of {num_shards} ranks holds ({strategy}), model states by parameter kind"
-             "<br><sup>solid: 1/N shards of the FSDP group; crossed: whole experts held outside FSDP "
-             "(expert parallelism)</sup>")
-    layout = dict(barmode="stack", xaxis=dict(title=dict(text="GB per rank (parameters, gradients, optimizer "
-                                                                "state)")),
-                  yaxis=dict(autorange="reversed"), margin=dict(l=280, r=20, t=80, b=60),
-                  legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, traceorder="normal"))
-    return figure(traces, layout, title, height)
-
-
-def fig_moe_memory_vs_shards(preset_name: str, num_shards: Sequence[int] = (8, 16, 32, 64, 128),
-                             expert_parallel_degrees: Sequence[int | None] = (None, 1), *,
-                             strategy: str = "zero3", height: int = 400, **knobs) -> go.Figure:
-    """Per-rank peak (GB) against N, one bar series per policy (:func:`moe_memory_table` at each N).
-
-    With experts sharded by FSDP the whole model shrinks as 1/N; with experts outside FSDP
-    only the non-expert part does, and the bars flatten at the experts' ``Psi_e / k`` share.
-
-    Raises:
-        ValueError: as :func:`moe_memory_table`, or on no N.
-    """
-    import pandas as pd
-
-    if not len(num_shards):
-        raise ValueError("num_shards: need at least one FSDP degree N.")
-    table = pd.concat([moe_memory_table(preset_name, n, expert_parallel_degrees, strategy=strategy, **knobs)
-                       for n in num_shards], ignore_index=True)
-    traces = []
-    for i, policy in enumerate(dict.fromkeys(table.policy)):
-        rows = table[table.policy == policy]
-        traces.append(dict(type="bar", x=[f"N={n}" for n in rows.num_shards], y=list(rows.total_bytes / GB),
-                           name=policy, marker=dict(color=SERIES_COLORS[i % len(SERIES_COLORS)]),
-                           text=[f"{v:.3g}" for v in rows.total_bytes / GB], textposition="outside",
-                           hovertemplate=f"{policy}<br>%{{x}}: %{{y:.3f}} GB per rank<extra></extra>"))
-    share = table.expert_share.iloc[0]
-    title = (f"{preset_name} ({strategy}): memory per rank against the FSDP degree N<br><sup>experts are "
-             f"{share:.1%} of the parameters; model states plus the estimate's transients</sup>")
-    layout = dict(barmode="group", yaxis=dict(title=dict(text="GB per rank")), xaxis=dict(title=dict(text="N")))
-    return figure(traces, layout, title, height)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,9 +230,9 @@ def moe_accumulation_table(preset_name: str, num_shards: int, num_microbatches: 
 
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 2:
         raise ValueError(f"num_microbatches must be an integer >= 2 to compare the modes, got {num_microbatches!r}.")
-    spec, num_experts = _moe_preset(preset_name)
+    spec, num_experts = moe_preset(preset_name)
     rows = []
-    for k in _check_degrees(expert_parallel_degrees, num_experts):
+    for k in check_expert_parallel(expert_parallel_degrees, num_experts):
         for mode, g, defer in (("G = 1", 1, True), ("every micro-batch", num_microbatches, False),
                                ("deferred (the mixin)", num_microbatches, True)):
             est = estimate_memory(spec, strategy, num_shards, expert_parallel=k, num_microbatches=g,

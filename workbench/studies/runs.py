@@ -1,6 +1,6 @@
 """Stored runs as tables and figures: convergence curves, differences to DDP, step time and memory.
 
-Everything here reads what :func:`workbench.runs.store.load_runs` returns, so a notebook can
+Everything here reads what :func:`workbench.runs.tables.load_runs` returns, so a notebook can
 redraw any figure from disk without rerunning. Ranks take equal slices of the global batch,
 so the mean of the ranks' losses at a step is the global loss; a step ends when its slowest
 rank ends, so a step's time is the maximum over ranks.

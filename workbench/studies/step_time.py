@@ -48,7 +48,7 @@ def predict_sync_s(comm: CommEstimate, links: Mapping[tuple[str, str], AlphaBeta
     return total
 
 
-def _steady(steps: pd.DataFrame, column: str) -> float | None:
+def steady_median(steps: pd.DataFrame, column: str) -> float | None:
     """Median over steps after warm-up of the slowest rank's value."""
     if column not in steps or steps[column].isna().all():
         return None
@@ -67,7 +67,7 @@ def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = 
         steps = loaded.steps[loaded.steps.run_id == run.run_id]
         buckets = plan_buckets(run_model_spec(spec), spec["communication_size"])
         comm = estimate_comm(buckets, MODEL_STRATEGY[spec["strategy"]], spec["num_ranks"])
-        step_s, sync_s = _steady(steps, "step_time_s"), _steady(steps, "sync_time_s")
+        step_s, sync_s = steady_median(steps, "step_time_s"), steady_median(steps, "sync_time_s")
         peak = steps["peak_array_bytes"].max() if "peak_array_bytes" in steps and steps["peak_array_bytes"].notna().any() else None
         rows.append({
             "run_id": run.run_id, "framework": spec["framework"], "strategy": spec["strategy"],

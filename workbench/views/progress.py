@@ -19,7 +19,8 @@ from workbench.core.events import emit, format_duration
 from workbench.core.units import format_bytes
 from workbench.launch.driver import RunOutcome, run_training
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore, read_steps, run_id_for
+from workbench.runs.store import RunStore, run_id_for
+from workbench.runs.tables import read_steps
 from workbench.views.style import TEMPLATE
 
 
