@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from workbench.launch.plan import plan_launch, run_worker
-from workbench.publish.slides import step_time_table
+from workbench.studies.design_review import step_time_table
 
 
 def main() -> None:

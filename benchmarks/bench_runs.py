@@ -26,7 +26,8 @@ from workbench.launch.engines import start_engines
 from workbench.launch.plan import plan_launch
 from workbench.ranks.probes import peak_array_bytes, peak_rss_bytes
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore, load_runs
+from workbench.runs.store import RunStore
+from workbench.runs.tables import load_runs
 from workbench.studies.runs import summarize_runs
 
 

@@ -642,6 +642,10 @@ def _sshd_pids(config_paths: set[str]) -> set[int]:
     return found
 
 
+def _n_processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
 def _kill(pids: set[int], grace: float = 3.0) -> list[int]:
     """SIGTERM, then SIGKILL after ``grace`` seconds; returns the pids still alive after that."""
     pids = {p for p in pids if p != os.getpid()}
@@ -670,7 +674,7 @@ def teardown(desc: dict, keep_state: bool = False) -> list[str]:
             pids.add(pid)
     survivors = _kill(pids)
     if pids:
-        removed.append(f"{len(pids) - len(survivors)} processes")
+        removed.append(_n_processes(len(pids) - len(survivors)))
     netns_now, links_now = _names_in_use()
     for h in desc["hosts"]:
         if h["netns"] in netns_now:
@@ -685,6 +689,8 @@ def teardown(desc: dict, keep_state: bool = False) -> list[str]:
     if desc["bridge"] in links_now:
         _ip("link", "del", desc["bridge"], check=False)
         removed.append(f"bridge {desc['bridge']}")
+    with contextlib.suppress(OSError):
+        Path("/etc/netns").rmdir()  # only if empty
     left = leftovers(desc)
     if survivors:
         left.append(f"processes that survived SIGKILL: {survivors}")
@@ -761,7 +767,7 @@ def _sweep(prefix: str, base: Path, keep_state: bool) -> list[str]:
     pids = _pids_in_netns(ours_ns) | sshds
     survivors = _kill(pids)
     if pids:
-        removed.append(f"{len(pids) - len(survivors)} processes")
+        removed.append(_n_processes(len(pids) - len(survivors)))
     for ns in ours_ns:
         _ip("netns", "del", ns, check=False)
         removed.append(f"netns {ns}")
@@ -773,6 +779,8 @@ def _sweep(prefix: str, base: Path, keep_state: bool) -> list[str]:
         for d in etc.iterdir():
             if ns_re.fullmatch(d.name):
                 shutil.rmtree(d, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            etc.rmdir()  # only if empty
     netns_now, links_now = _names_in_use()
     left = [n for n in netns_now if ns_re.fullmatch(n)] + [n for n in links_now if link_re.fullmatch(n)]
     if survivors:

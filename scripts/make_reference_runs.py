@@ -4,7 +4,7 @@ The deck (``notebooks/00_design_review.ipynb``) must build from a clean clone wi
 (nbval runs it first, before notebook 04 could have stored anything under the git-ignored
 ``runs/``), so it reads these: real training runs through :func:`workbench.launch.driver.run_training`
 on ipyparallel engines, two ranks each, identical weights and batches, as
-:data:`workbench.publish.slides.REFERENCE_STORES` lists them (``convergence``: DDP, FSDP-row and FSDP-flat
+:data:`workbench.studies.design_review.REFERENCE_STORES` lists them (``convergence``: DDP, FSDP-row and FSDP-flat
 in MLX ring and JAX gloo, ZeRO-3 in JAX, 100 steps; ``memory``: notebook 03's validation runs).
 Each record holds the memory its ranks measured. Regenerate them after a change to the training step:
 
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from workbench.launch.driver import run_training
-from workbench.publish.slides import REFERENCE_STORES, reference_runs_dir
 from workbench.runs.spec import RunSpec
+from workbench.studies.design_review import REFERENCE_STORES, reference_runs_dir
 
 
 def main(argv: list[str] | None = None) -> int:

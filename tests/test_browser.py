@@ -31,7 +31,7 @@ import pytest
 
 from workbench import MiB, plan_buckets
 from workbench.core.presets import get_preset
-from workbench.publish import slides
+from workbench.publish import reveal, slides, static
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts" / "browser"))
@@ -42,7 +42,7 @@ EXPORT_LIMIT_S, DECK_LIMIT_BYTES = 60.0, 15_000_000
 @pytest.fixture(scope="module")
 def chromium():
     try:
-        return slides.find_chromium()
+        return static.find_chromium()
     except FileNotFoundError as err:
         pytest.skip(f"no Chromium to drive, and it could not be installed here ({err}); "
                     "scripts/test.sh installs Debian's chromium where it runs as root with apt")
@@ -54,7 +54,7 @@ def browser(chromium):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = slides.launch_chromium(p)
+        browser = static.launch_chromium(p)
         yield browser
         browser.close()
 
@@ -96,7 +96,7 @@ def test_deck_export_is_fast_and_small(deck):
 
 
 def open_deck(browser, html: Path) -> Watched:
-    w = Watched(browser, ("file:", "data:", "blob:"), viewport={"width": slides.SLIDE_WIDTH, "height": slides.SLIDE_HEIGHT})
+    w = Watched(browser, ("file:", "data:", "blob:"), viewport={"width": static.SLIDE_WIDTH, "height": static.SLIDE_HEIGHT})
     w.page.goto(html.resolve().as_uri(), wait_until="load")
     w.page.wait_for_function("window.workbenchDeck && window.workbenchDeck.ready && window.Reveal && Reveal.isReady()",
                              timeout=30_000)
@@ -129,7 +129,7 @@ def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
         assert len(figures) == num_figures
         for fig in figures:
             assert fig["svg"] >= 1 and fig["drawn"] == fig["traces"] >= 1 and fig["marks"] >= 1, (k, fig)
-            assert fig["width"] > 0.8 * slides.SLIDE_WIDTH, (k, fig)  # resized to the slide, not plotly's 700 px
+            assert fig["width"] > 0.8 * static.SLIDE_WIDTH, (k, fig)  # resized to the slide, not plotly's 700 px
         if k in shots:
             page.screenshot(path=str(ARTIFACTS / f"deck-slide-{k:02d}.png"))
     assert page.evaluate("document.querySelectorAll('mjx-container svg').length") >= 1  # the formulas, offline
@@ -145,9 +145,9 @@ def test_static_exports_png_svg_per_figure_and_a_pdf_page_per_slide(chromium, de
 
     t0 = time.perf_counter()
     nb = nbformat.read(slides.DECK_NOTEBOOK, as_version=4)
-    figures = slides.figures_to_html(nb)
-    paths = slides.write_figures(figures, deck.html.parent / "figures", width=1000, scale=1)
-    pdf = slides.export_pdf(deck.html)
+    figures = reveal.figures_to_html(nb)
+    paths = static.write_figures(figures, deck.html.parent / "figures", width=1000, scale=1)
+    pdf = static.export_pdf(deck.html)
     print(f"static exports: {time.perf_counter() - t0:.1f} s")
     assert len(paths) == 2 * len(figures) == 2 * deck.num_figures
     for png in paths[::2]:
@@ -159,7 +159,7 @@ def test_static_exports_png_svg_per_figure_and_a_pdf_page_per_slide(chromium, de
     data = pdf.read_bytes()
     pages = len(re.findall(rb"/Type\s*/Page[^s]", data))
     with sync_playwright() as p:
-        browser = slides.launch_chromium(p)
+        browser = static.launch_chromium(p)
         total = open_deck(browser, deck.html).page.evaluate("Reveal.getTotalSlides()")
         browser.close()
     assert data.startswith(b"%PDF") and pages == total

@@ -12,8 +12,9 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.__main__ import main
-from workbench.publish import slides
+from workbench.publish import reveal, slides, static
 from workbench.runs.tables import load_runs
+from workbench.studies import design_review
 from workbench.studies.runs import summarize_runs
 
 PLOTLY_BANNER = re.compile(r"\* plotly\.js v\d+\.\d+\.\d+")
@@ -58,7 +59,7 @@ def test_vendored_files_match_their_manifest_and_pinned_versions():
     manifest = slides.vendor_manifest()
     pins = json.loads((slides.VENDOR_DIR / "package.json").read_text())["dependencies"]
     for path, entry in manifest.items():
-        assert slides.sha256_file(slides.VENDOR_DIR / path) == entry["sha256"], f"{path} differs from MANIFEST.json"
+        assert static.sha256_file(slides.VENDOR_DIR / path) == entry["sha256"], f"{path} differs from MANIFEST.json"
         name, _, version = entry["package"].rpartition("@")
         assert entry["package"] == "fsdp-workbench" or pins[name] == version, path
     assert {e["package"].rpartition("@")[0] for e in manifest.values()} - {""} == set(pins)
@@ -88,7 +89,7 @@ def test_export_embeds_plotlyjs_once_in_the_head_and_loads_nothing_remote(demo_d
     # The figure in a skipped cell is not on a slide; the other still draws (plotly.js is not in a cell).
     assert demo_deck.num_figures == 2
     assert body.count("Plotly.newPlot(") == 1 and 'id="figure-3-0"' in body
-    assert slides.remote_loads(page) == []
+    assert reveal.remote_loads(page) == []
     for url in ("assets/reveal.js/dist/reveal.js", "assets/requirejs/require.js", "assets/jquery/dist/jquery.min.js",
                 "assets/mathjax/es5/tex-svg-full.js", "assets/reveal.js/dist/theme/workbench.css"):
         assert url in page
@@ -99,9 +100,9 @@ def test_export_keeps_widgets_the_vendored_renderer_draws_and_drops_the_others(d
     state = json.loads(re.search(r'<script type="application/vnd.jupyter.widget-state\+json">\s*(.*?)\s*</script>',
                                  page, re.S).group(1))["state"]
     modules = {m["model_module"] for m in state.values()}
-    assert modules <= set(slides.BUILTIN_WIDGET_MODULES)  # no anywidget: its JS would come from a CDN
+    assert modules <= set(reveal.BUILTIN_WIDGET_MODULES)  # no anywidget: its JS would come from a CDN
     assert any(m["model_name"] == "IntSliderModel" for m in state.values())
-    assert slides.LIVE_WIDGET_NOTE in page  # where the FigureWidget was
+    assert reveal.LIVE_WIDGET_NOTE in page  # where the FigureWidget was
     assert "assets/@jupyter-widgets/html-manager/dist/embed-amd.js" in page
 
 
@@ -139,30 +140,30 @@ def test_bad_arguments_raise_clear_errors(tmp_path):
 def test_find_chromium_names_a_bad_override(monkeypatch, tmp_path):
     monkeypatch.setenv("WORKBENCH_CHROMIUM", str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="WORKBENCH_CHROMIUM=.*nope.* is not an executable"):
-        slides.find_chromium()
+        static.find_chromium()
 
 
 def test_remote_loads_flags_fetching_tags_and_imports_only():
     page = ('<script>var u = "https://cdn.example/x.js";</script><a href="https://example.org">a link</a>'
             '<link rel="stylesheet" href="//fonts.example/css"><img src="http://example.org/i.png">'
             '<style>@import url(https://fonts.googleapis.com/css?family=Lato);</style><script src="assets/a.js"></script>')
-    found = slides.remote_loads(page)
+    found = reveal.remote_loads(page)
     assert len(found) == 3 and all(("fonts" in f or "i.png" in f) for f in found)
 
 
 def test_auto_slides_starts_a_slide_at_each_heading_only_without_slide_metadata():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("1"),
                                          nbformat.v4.new_markdown_cell("text"), nbformat.v4.new_markdown_cell("## Part")])
-    assert slides.auto_slides(nb)
+    assert reveal.auto_slides(nb)
     assert [c.metadata.get("slideshow", {}).get("slide_type") for c in nb.cells] == ["slide", None, None, "slide"]
-    assert not slides.auto_slides(nb)  # has slide metadata now: left alone
+    assert not reveal.auto_slides(nb)  # has slide metadata now: left alone
 
 
 # --------------------------------------------------------------------------- the deck's content
 
 
 def test_step_time_table_reproduces_pr3130_overheads():
-    t = slides.step_time_table()
+    t = design_review.step_time_table()
     assert list(t.index) == ["0.3B", "2.7B", "5.4B"]
     assert t.loc["2.7B", "fsdp_overhead_pct"] == 3.7 and t.loc["2.7B", "fsdp_bf16_overhead_pct"] == 13.1
     assert t.loc["0.3B", "fsdp_overhead_pct"] == -0.3 and t.loc["5.4B", "fsdp_bf16_overhead_pct"] == 4.1
@@ -170,21 +171,21 @@ def test_step_time_table_reproduces_pr3130_overheads():
 
 @pytest.fixture(scope="module")
 def reference():
-    return load_runs(slides.reference_runs_dir("convergence"))
+    return load_runs(design_review.reference_runs_dir("convergence"))
 
 
 @pytest.fixture(scope="module")
 def validation():
     from workbench.studies.memory import memory_validation
 
-    return memory_validation(load_runs(slides.reference_runs_dir("memory")))
+    return memory_validation(load_runs(design_review.reference_runs_dir("memory")))
 
 
-@pytest.mark.parametrize("name", list(slides.REFERENCE_STORES))
+@pytest.mark.parametrize("name", list(design_review.REFERENCE_STORES))
 def test_reference_runs_are_small_complete_and_made_with_the_declared_spec(name):
-    store = slides.reference_runs_dir(name)
+    store = design_review.reference_runs_dir(name)
     loaded = load_runs(store)
-    pairs, common = slides.REFERENCE_STORES[name]
+    pairs, common = design_review.REFERENCE_STORES[name]
     assert sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) < 300 * 1024
     assert loaded.problems == [] and (loaded.runs.status == "done").all()
     assert sorted(zip(loaded.runs["spec.framework"], loaded.runs["spec.strategy"])) == sorted(pairs)
@@ -196,12 +197,12 @@ def test_reference_runs_are_small_complete_and_made_with_the_declared_spec(name)
             assert (loaded.runs[f"spec.{key}"] == value).all(), key
     assert (loaded.steps.groupby("run_id").step.nunique() == common["steps"]).all()
     with pytest.raises(ValueError, match="Unknown reference run store 'runs'; known: convergence, memory"):
-        slides.reference_runs_dir("runs")
+        design_review.reference_runs_dir("runs")
 
 
 def test_reference_runs_fsdp_trains_exactly_like_ddp(reference):
     summary = summarize_runs(reference)
-    assert len(summary) == len(slides.REFERENCE_STORES["convergence"][0])
+    assert len(summary) == len(design_review.REFERENCE_STORES["convergence"][0])
     assert (summary.max_abs_loss_diff_to_ddp < 1e-5).all()
 
 
@@ -219,7 +220,7 @@ def test_key_numbers_are_computed_from_their_sources(validation):
     from workbench.estimate.cases import explain_qwen_3_7b
 
     gap = explain_qwen_3_7b()
-    numbers = slides.key_numbers(gap, validation)
+    numbers = design_review.key_numbers(gap, validation)
     assert numbers["Qwen 3.7B, 8 GPUs: DDP - FSDP peak, measured (GB)"] == 27.7
     assert numbers["Qwen 3.7B, 8 GPUs: DDP - FSDP, modelled (GB)"] == round(gap.predicted_difference_bytes / 1e9, 1)
     assert numbers["PR #3130: FSDP step-time overhead over DDP, bf16, worst (%)"] == 13.1
@@ -228,11 +229,11 @@ def test_key_numbers_are_computed_from_their_sources(validation):
     assert numbers["reference runs, MLX: worst |measured / modelled - 1|, peak (%)"] == round(
         100 * float((mlx[mlx.component == "peak"].ratio - 1).abs().max()), 1)
     with pytest.raises(ValueError, match="needs MLX ddp and fsdp runs"):
-        slides.key_numbers(gap, validation[validation.strategy != "ddp"])
+        design_review.key_numbers(gap, validation[validation.strategy != "ddp"])
 
 
 def test_step_time_figure_is_valid_and_labels_the_overheads():
-    fig = slides.fig_step_time_table()
+    fig = design_review.fig_step_time_table()
     go.Figure(fig.to_dict())  # validates every property
     fsdp = next(t for t in fig.data if t.name == "FSDP bf16")
     assert list(fsdp.text) == ["-2.9%", "+13.1%", "+4.1%"]
@@ -248,5 +249,5 @@ def test_deck_notebook_is_thin_reads_stored_runs_and_has_slide_metadata():
     assert cells[0].metadata.slideshow.slide_type == "slide" and cells[0].source.startswith("# ")
     assert nbformat.read(slides.DECK_NOTEBOOK, as_version=4).metadata["workbench"]["hide_code"] is True
     figure_cells = [c for c in cells if c.cell_type == "code" and any(
-        slides.PLOTLY_MIME in o.get("data", {}) for o in c.outputs)]
+        reveal.PLOTLY_MIME in o.get("data", {}) for o in c.outputs)]
     assert len(figure_cells) >= 10 and all(c.metadata.slideshow.slide_type != "skip" for c in figure_cells)

@@ -1,0 +1,100 @@
+"""Static exports through Chromium: each figure as PNG and SVG (kaleido), and the deck as PDF (playwright)."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Mapping
+
+#: Chromium executables tried in order (``WORKBENCH_CHROMIUM`` first); Debian's is ``chromium``.
+#: The deck's slide size in CSS pixels (reveal.js's width and height; the PDF's viewport).
+SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+def find_chromium() -> str:
+    """The Chromium to drive: ``$WORKBENCH_CHROMIUM``, else the first of :data:`CHROMIUM_NAMES` on PATH.
+
+    Raises:
+        FileNotFoundError: naming what was tried and how to install Debian's ``chromium``.
+    """
+    given = os.environ.get("WORKBENCH_CHROMIUM")
+    if given:
+        if not (Path(given).is_file() and os.access(given, os.X_OK)):
+            raise FileNotFoundError(f"WORKBENCH_CHROMIUM={given!r} is not an executable file.")
+        return given
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise FileNotFoundError(f"No Chromium found (tried {', '.join(CHROMIUM_NAMES)} on PATH): install Debian's "
+                            "`apt-get install chromium`, or set WORKBENCH_CHROMIUM to a Chrome/Chromium executable.")
+
+
+def launch_chromium(playwright, **kwargs):
+    """A headless Chromium through playwright with the flags that keep it off the network."""
+    return playwright.chromium.launch(executable_path=find_chromium(), args=list(CHROMIUM_ARGS), headless=True, **kwargs)
+
+
+def _slug(fig: Mapping) -> str:
+    title = fig.get("layout", {}).get("title", {})
+    text = title.get("text", "") if isinstance(title, Mapping) else str(title or "")
+    text = re.sub(r"<[^>]+>.*", "", text)  # the title line only, no <br><sup> subtitle
+    return re.sub(r"[^a-z0-9]+", "-", html.unescape(text).lower()).strip("-")[:48] or "figure"
+
+
+def write_figures(figures: list[tuple[int, dict]], folder: Path, formats: tuple[str, ...] = ("png", "svg"),
+                  *, width: int = 1200, height: int | None = None, scale: float = 2) -> list[Path]:
+    """Write each ``(cell index, figure dict)`` as ``NN-<title>.<format>`` with kaleido (one Chromium for all)."""
+    import plotly.io as pio
+
+    if not figures:
+        return []
+    from workbench.publish.nbtools import scoped_env
+
+    chromium = find_chromium()  # fails here with the clear message, not deep inside kaleido
+    folder.mkdir(parents=True, exist_ok=True)
+    figs, paths = [], []
+    for k, (_, fig) in enumerate(figures):
+        stem = f"{k + 1:02d}-{_slug(fig)}"
+        for fmt in formats:
+            figs.append(fig)
+            paths.append(folder / f"{stem}.{fmt}")
+    with scoped_env(BROWSER_PATH=chromium):  # kaleido's browser finder (choreographer) reads it
+        pio.write_images(figs, paths, width=width, height=height, scale=scale, validate=False)
+    missing = [str(p) for p in paths if not p.is_file() or p.stat().st_size == 0]
+    if missing:
+        raise RuntimeError(f"kaleido wrote no image for: {missing}")
+    return paths
+
+
+def export_pdf(deck_html: Path, pdf: Path | None = None, *, timeout_s: float = 120) -> Path:
+    """Print a deck made by :func:`export_slides` to PDF (reveal.js's print layout, one page per slide)."""
+    from playwright.sync_api import sync_playwright
+
+    pdf = pdf or deck_html.with_suffix(".pdf")
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": SLIDE_WIDTH, "height": SLIDE_HEIGHT})
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:"))
+                       else route.abort())
+            page.goto(deck_html.resolve().as_uri() + "?print-pdf", wait_until="load", timeout=timeout_s * 1000)
+            page.wait_for_function("window.workbenchDeck && window.workbenchDeck.pdfReady",
+                                   timeout=timeout_s * 1000)
+            page.pdf(path=str(pdf), prefer_css_page_size=True, print_background=True)
+        finally:
+            browser.close()
+    return pdf
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
