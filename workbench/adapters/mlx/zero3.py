@@ -27,61 +27,18 @@ output's cotangent), so MLX does not run it before the unit is reached.
 
 from __future__ import annotations
 
-from collections import Counter
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from workbench.adapters.mlx.rows import rebuild_arrays
-from workbench.adapters.mlx.transport import REDUCE_SCATTER_TRANSPORTS, has_sum_scatter, reduce_scatter
+from workbench.adapters.mlx.transport import REDUCE_SCATTER_TRANSPORTS, Collectives, has_sum_scatter
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
 from workbench.core.specs import spec_from_flat
-
-
-class Collectives:
-    """One step's collectives in one chain, counted: ``counts`` by kind, ``bytes_sent`` per rank."""
-
-    def __init__(self, group: mx.distributed.Group, transport: str):
-        self.group, self.transport, self.last = group, transport, None
-        self.counts, self.bytes_sent = Counter(), Counter()
-
-    def _after(self, x: mx.array) -> mx.array:
-        return x if self.last is None else mx.depends(x, self.last)
-
-    def all_gather(self, row: mx.array) -> mx.array:
-        """``(N * c,)``: every rank's 1-D row, in rank order."""
-        n = self.group.size()
-        if n == 1:
-            return row
-        out = mx.distributed.all_gather(self._after(row), group=self.group)
-        self.last = out[:1] * 0  # a token: holding the output itself would keep the buffer alive
-        self.counts["all_gather"] += 1
-        self.bytes_sent["all_gather"] += (n - 1) * row.nbytes
-        return out
-
-    def reduce_scatter(self, row: Callable[[int], mx.array]) -> mx.array:
-        """This rank's row of the sum over ranks; ``row(k)`` is the local row k."""
-        n = self.group.size()
-        if n == 1:
-            return row(0)
-        out = reduce_scatter(lambda k: self._after(row(k)), self.group, self.transport, None)
-        self.last = out[:1] * 0
-        self.counts["reduce_scatter"] += 1
-        self.bytes_sent["reduce_scatter"] += (2 if self.transport == "all_sum" else 1) * (n - 1) * out.nbytes
-        return out
-
-    def take(self) -> dict:
-        """Counts and bytes since the last call (then reset, with the chain)."""
-        out = {f"num_{k}s": v for k, v in self.counts.items()}
-        out.update((f"{k}_bytes_sent", v) for k, v in self.bytes_sent.items())
-        self.counts.clear()
-        self.bytes_sent.clear()
-        self.last = None
-        return out
 
 
 def _leaf(tree: Any, path: str, value: Any = None) -> Any:
