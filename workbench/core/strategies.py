@@ -13,3 +13,6 @@ MODEL_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3", "hsdp")
 RUN_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")
 #: The model strategy of each run strategy.
 MODEL_STRATEGY = {"ddp": "ddp", "fsdp-row": "fsdp", "fsdp-flat": "fsdp", "fsdp-full": "zero3"}
+#: The collectives of a data-parallel step, in the order a step issues them (sync, then gather); the key
+#: every count, benchmark and table of collectives uses.
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from workbench.core.events import emit
+from workbench.core.strategies import COLLECTIVE_KINDS
 from workbench.launch.engines import EngineFailure, run_on_fresh_ports
 from workbench.ranks.collective_timing import bench_rank
 from workbench.runs.store import RunStore, run_id_for
@@ -27,7 +28,7 @@ from workbench.runs.store import RunStore, run_id_for
 if TYPE_CHECKING:
     pass
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+KINDS = COLLECTIVE_KINDS  # (workbench.core.strategies)
 #: nccl-tests' usual sweep, 1 KiB to 256 MiB by factors of 2.
 FULL_SIZES = tuple(2**k for k in range(10, 29))
 #: The build's default: 1 KiB to 64 MiB by factors of 4 (the latency- and the bandwidth-bound ends).

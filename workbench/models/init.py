@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.core.specs import ModelSpec
+
 __all__ = ["LMConfig", "RMS_NORM_EPS", "init_lm_params", "lm_param_shapes", "num_params"]
 
 #: Epsilon added to the mean square in every RMSNorm.
@@ -103,6 +105,11 @@ def lm_param_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
     if not config.tie_embeddings:
         shapes["head.weight"] = (v, d)
     return shapes
+
+
+def lm_model_spec(config: LMConfig, dtype: str = "float32") -> ModelSpec:
+    """The LM's parameters as a :class:`~workbench.core.specs.ModelSpec` named ``"lm"``, every array in ``dtype``."""
+    return ModelSpec.from_shapes(dict(lm_param_shapes(config)), name="lm", dtype=dtype)
 
 
 def num_params(config: LMConfig) -> int:

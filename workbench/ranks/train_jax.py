@@ -175,63 +175,23 @@ def train_jax(spec, handle) -> dict:
     rank, size = init_distributed()
 
     import jax
-    import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from workbench.adapters.jax.accum import compiled_program_counts
-    from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
-    from workbench.adapters.jax.zero3 import make_zero3_step
-    from workbench.models.data import make_markov_chain, sample_batch
-    from workbench.models.init import init_lm_params
-    from workbench.models.jax_lm import make_loss_fn
     from workbench.ranks.probes import package_versions, peak_rss_bytes
 
-    cfg = spec.config
     # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
     mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("fsdp",))
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("fsdp"))
-
-    def to_global(tree, sharding):  # every process holds the full NumPy data: each takes its pieces
-        return jax.tree_util.tree_map(
-            lambda a: jax.make_array_from_callback(a.shape, sharding, lambda idx, a=a: a[idx]), tree)
-
-    params = init_lm_params(cfg, spec.init_seed)
-    if spec.precision == "bfloat16":
-        params = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
-    opt = make_optimizer(spec)
-    accum = dict(num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
-    if spec.strategy == "fsdp-full":
-        apply_units, unit_loss, unit_paths = lm_units(cfg)
-        units = to_global([{k: params[k] for k in paths} for paths in unit_paths], replicated)
-        step = make_zero3_step(apply_units, unit_loss, units, opt, mesh, max_norm=spec.max_norm, **accum)
-        p, state = step.init(units)
-    else:
-        p = to_global(params, replicated)
-        if spec.strategy == "ddp":
-            step = make_ddp_step(make_loss_fn(cfg), p, opt, mesh, max_norm=spec.max_norm, **accum)
-        else:
-            step = make_fsdp_step(make_loss_fn(cfg), p, opt, mesh, layout=spec.strategy.split("-")[1],
-                                  max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
-        state = step.init(p)
-    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
-
-    def global_batch(step_index: int):
-        batch = sample_batch(chain, step_index, spec.global_batch, cfg.seq_len, seed=spec.data_seed)
-        return to_global((np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])), rows)
-
-    per_rank = spec.global_batch // size
-    held = sorted({s.index[0].indices(spec.global_batch)[:2] for s in global_batch(0)[0].addressable_shards})
-    if (held[0][0], held[-1][1]) != (rank * per_rank, (rank + 1) * per_rank):
-        raise RuntimeError(f"rank {rank} holds batch rows {held}, not its rank_slice "
-                           f"[{rank * per_rank}, {(rank + 1) * per_rank}); the mesh is not ordered by process.")
-    lowered = step.lower(p, state, global_batch(0))
+    step, p, state = _build_step(spec, mesh, replicated)
+    batch_for_step = _batch_loader(spec, rows)
+    _check_batch_rows(batch_for_step(0), spec.global_batch, rank, size)
+    lowered = step.lower(p, state, batch_for_step(0))
     compiled = lowered.compile()  # compiles before step 0; a compile error surfaces here
     compiled_memory = _memory_stats(compiled)
-    compiled_collectives = compiled_program_counts(compiled.as_text())
-    path = observed_collective_path(lowered.as_text(), size)
     for i in range(spec.steps):
-        batch = global_batch(i)
+        batch = batch_for_step(i)
         t0 = time.perf_counter()
         p, state, metrics = step.step(p, state, batch)
         jax.block_until_ready((p, state, metrics["loss"], metrics["grad_norm"]))
@@ -242,20 +202,90 @@ def train_jax(spec, handle) -> dict:
             "step_time_s": elapsed, "peak_rss_bytes": peak_rss_bytes(),
             "num_collectives": int(metrics["num_collectives"]),
         }])
-    def device_bytes(tree) -> int:  # this process's one device: its shard of every array
-        return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
-
-    measured = {"parameters": device_bytes(p), "optimizer_state": device_bytes(state)}
-    if compiled_memory is not None:  # XLA's buffer plan of the step on this device
-        measured["peak"] = (compiled_memory.get("argument_size_in_bytes", 0) + compiled_memory.get("output_size_in_bytes", 0)
-                            + compiled_memory.get("temp_size_in_bytes", 0) - compiled_memory.get("alias_size_in_bytes", 0))
-        measured["peak_source"] = "XLA memory_analysis: arguments + outputs + temporaries - aliased"
-    summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"), "collective_path": path,
-               "measured_memory": measured,
+    summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"),
+               "collective_path": observed_collective_path(lowered.as_text(), size),
+               "measured_memory": _measured_memory(p, state, compiled_memory),
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
-               "compiled_collectives": compiled_collectives,
-               "peak_rss_bytes": peak_rss_bytes(),
-               "versions": package_versions()}
+               "compiled_collectives": compiled_program_counts(compiled.as_text()),
+               "peak_rss_bytes": peak_rss_bytes(), "versions": package_versions()}
     if compiled_memory is not None:
         summary["compiled_memory"] = compiled_memory
     return summary
+
+
+def _to_global(tree, sharding):
+    """Every process holds the full NumPy data: each takes its pieces of a global array."""
+    import jax
+
+    return jax.tree_util.tree_map(
+        lambda a: jax.make_array_from_callback(a.shape, sharding, lambda idx, a=a: a[idx]), tree)
+
+
+def _build_step(spec, mesh, replicated):
+    """The step of ``spec.strategy`` with its initial parameters and optimizer state: ``(step, params, state)``."""
+    import jax.numpy as jnp
+
+    from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
+    from workbench.adapters.jax.zero3 import make_zero3_step
+    from workbench.models.init import init_lm_params
+    from workbench.models.jax_lm import make_loss_fn
+
+    cfg = spec.config
+    params = init_lm_params(cfg, spec.init_seed)
+    if spec.precision == "bfloat16":
+        params = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
+    opt = make_optimizer(spec)
+    accum = dict(num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    if spec.strategy == "fsdp-full":
+        apply_units, unit_loss, unit_paths = lm_units(cfg)
+        units = _to_global([{k: params[k] for k in paths} for paths in unit_paths], replicated)
+        step = make_zero3_step(apply_units, unit_loss, units, opt, mesh, max_norm=spec.max_norm, **accum)
+        p, state = step.init(units)
+        return step, p, state
+    p = _to_global(params, replicated)
+    if spec.strategy == "ddp":
+        step = make_ddp_step(make_loss_fn(cfg), p, opt, mesh, max_norm=spec.max_norm, **accum)
+    else:
+        step = make_fsdp_step(make_loss_fn(cfg), p, opt, mesh, layout=spec.strategy.split("-")[1],
+                              max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
+    return step, p, step.init(p)
+
+
+def _batch_loader(spec, rows):
+    """``batch_for_step(i)``: step i's global batch (inputs, targets), sharded by rows over the processes."""
+    from workbench.models.data import make_markov_chain, sample_batch
+
+    cfg = spec.config
+    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
+
+    def batch_for_step(step_index: int):
+        batch = sample_batch(chain, step_index, spec.global_batch, cfg.seq_len, seed=spec.data_seed)
+        return _to_global((np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])), rows)
+
+    return batch_for_step
+
+
+def _check_batch_rows(batch, global_batch_size: int, rank: int, size: int) -> None:
+    """This process must hold exactly its ``rank_slice`` of the batch (as the MLX ranks do)."""
+    per_rank = global_batch_size // size
+    held = sorted({s.index[0].indices(global_batch_size)[:2] for s in batch[0].addressable_shards})
+    if (held[0][0], held[-1][1]) != (rank * per_rank, (rank + 1) * per_rank):
+        raise RuntimeError(f"rank {rank} holds batch rows {held}, not its rank_slice "
+                           f"[{rank * per_rank}, {(rank + 1) * per_rank}); the mesh is not ordered by process.")
+
+
+def _measured_memory(params, state, compiled_memory: dict | None) -> dict:
+    """Bytes of this process's device shards of the parameters and state, and XLA's planned peak if known."""
+    import jax
+
+    def device_bytes(tree) -> int:  # this process's one device: its shard of every array
+        return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
+
+    measured = {"parameters": device_bytes(params), "optimizer_state": device_bytes(state)}
+    if compiled_memory is not None:  # XLA's buffer plan of the step on this device
+        measured["peak"] = (compiled_memory.get("argument_size_in_bytes", 0)
+                            + compiled_memory.get("output_size_in_bytes", 0)
+                            + compiled_memory.get("temp_size_in_bytes", 0)
+                            - compiled_memory.get("alias_size_in_bytes", 0))
+        measured["peak_source"] = "XLA memory_analysis: arguments + outputs + temporaries - aliased"
+    return measured

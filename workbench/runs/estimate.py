@@ -20,7 +20,7 @@ from workbench.core.strategies import MODEL_STRATEGY
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
-from workbench.models.init import LMConfig, lm_param_shapes
+from workbench.models.init import LMConfig, lm_model_spec
 
 #: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).
 FRAMEWORK_UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
@@ -29,7 +29,7 @@ FRAMEWORK_UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
 def run_model_spec(spec: Any) -> ModelSpec:
     """The parameter shapes of a run's LM, in its precision (``spec``: a RunSpec or its dict)."""
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
-    return ModelSpec.from_shapes(dict(lm_param_shapes(LMConfig(**fields["model"]))), name="lm", dtype=fields["precision"])
+    return lm_model_spec(LMConfig(**fields["model"]), fields["precision"])
 
 
 def estimate_run_activation_bytes(config: LMConfig, micro_batch_size: int, dtype: str, *,

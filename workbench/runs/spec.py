@@ -8,10 +8,9 @@ from dataclasses import asdict, dataclass, field
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
-from workbench.core.specs import ModelSpec
 from workbench.core.strategies import RUN_STRATEGIES
 from workbench.core.units import MiB
-from workbench.models.init import LMConfig, lm_param_shapes
+from workbench.models.init import LMConfig, lm_model_spec
 
 STRATEGIES = RUN_STRATEGIES  # (workbench.core.strategies)
 
@@ -90,7 +89,7 @@ class RunSpec:
         config = self.config  # validates the model fields, naming them
         if self.strategy != "ddp":  # FSDP layouts, and ZeRO-3's per-array rows, must tile every array
             layout = "flat" if self.strategy == "fsdp-flat" else "row"
-            spec = ModelSpec.from_shapes(dict(lm_param_shapes(config)), name="lm", dtype=self.precision)
+            spec = lm_model_spec(config, self.precision)
             try:
                 plan_shards(plan_buckets(spec, self.communication_size), self.num_ranks, layout)
             except ValueError as err:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 from workbench.core.buckets import plan_buckets
+from workbench.core.strategies import COLLECTIVE_KINDS
 from workbench.estimate.comm import bus_factor
 from workbench.models.init import LMConfig
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
@@ -34,7 +35,7 @@ from workbench.views.style import figure, subplot_grid
 if TYPE_CHECKING:
     import pandas as pd
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+KINDS = COLLECTIVE_KINDS  # (workbench.core.strategies)
 #: The gradient collectives a strategy repeats for every micro-batch when the sync is not deferred.
 SYNCED = {"ddp": ("all_reduce",), "fsdp-row": ("reduce_scatter",), "fsdp-flat": ("reduce_scatter",),
           "fsdp-full": ("all_gather", "reduce_scatter")}

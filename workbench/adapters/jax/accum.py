@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+from workbench.core.strategies import COLLECTIVE_KINDS
+
+KINDS = COLLECTIVE_KINDS  # (workbench.core.strategies)
 
 
 def check_accum(num_microbatches: int, defer_sync: bool) -> None:
