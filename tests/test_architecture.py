@@ -150,3 +150,24 @@ def test_one_optimizer_factory_per_framework():
     for module in (mlx_adapter, jax_adapter):
         with pytest.raises(ValueError, match="'lion'.*adamw, sgd"):
             module.make_optimizer("lion", 1e-3)
+
+
+def test_the_public_api_imports_from_the_package_and_loads_frameworks_lazily():
+    import subprocess
+    import sys
+
+    code = ("import sys, workbench\n"
+            "from workbench import plan_buckets, plan_shards, ModelSpec\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('mlx', 'jax', 'ipyparallel')], 'eager'\n"
+            "from workbench import RunSpec, run_training, fsdp_apply_gradients\n"
+            "from workbench.runs.spec import RunSpec as R\n"
+            "from workbench.launch.driver import run_training as T\n"
+            "from workbench.adapters.mlx.fsdp import fsdp_apply_gradients as F\n"
+            "assert (RunSpec, run_training, fsdp_apply_gradients) == (R, T, F)\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        import workbench
+
+        workbench.nope
