@@ -92,7 +92,7 @@ def _run(cmd: list[str], timeout: float = CMD_TIMEOUT_S, check: bool = True, **k
     if "stdout" not in kw and "stderr" not in kw:
         kw["capture_output"] = True
     try:
-        proc = subprocess.run(cmd, text=True, timeout=timeout, **kw)
+        proc = subprocess.run(cmd, check=False, text=True, timeout=timeout, **kw)
     except subprocess.TimeoutExpired as e:
         raise RigError(f"timed out after {timeout:g} s: {shlex.join(cmd)}") from e
     if check and proc.returncode != 0:
@@ -243,7 +243,8 @@ def _pick_subnet(n_hosts: int, subnet: str | None) -> ipaddress.IPv4Network:
             raise RigError(f"subnet {net} must be IPv4 with room for the bridge and {n_hosts} hosts (.{FIRST_HOST_OFFSET + 1}..)")
         clash = [str(u) for u in used if u.overlaps(net)]
         if clash:
-            raise RigError(f"subnet {net} overlaps what this machine already uses ({', '.join(sorted(set(clash)))}); choose another with --subnet")
+            raise RigError(f"subnet {net} overlaps what this machine already uses ({', '.join(sorted(set(clash)))}); "
+                           "choose another with --subnet")
         return net
     for net in POOL.subnets(new_prefix=24):
         if not any(u.overlaps(net) for u in used):
@@ -265,7 +266,6 @@ def _plan(rig_id: str, net: ipaddress.IPv4Network, n_hosts: int, state_dir: Path
             "python": python,
             "netns": ns,
             "veth": f"{rig_id}v{i}",  # root side, on the bridge (``ip link set <veth> down`` cuts the host off)
-            "netns_inode": None,
             "sshd_pid": None,
             "sshd_config": str(state_dir / ns / "sshd_config"),
             "sshd_log": str(state_dir / ns / "sshd.log"),
@@ -356,7 +356,7 @@ def up(n_hosts: int = 2, state_dir: str | os.PathLike | None = None, *, prefix: 
 def _quiet_down(desc: dict) -> str | None:
     try:
         teardown(desc)
-    except Exception as e:  # reported alongside the original error
+    except Exception as e:  # noqa: BLE001 - reported alongside the original error
         return str(e)
     return None
 
@@ -371,14 +371,11 @@ def _make_bridge(desc: dict) -> None:
 
 def _make_hosts(desc: dict) -> None:
     plen = ipaddress.ip_network(desc["subnet"]).prefixlen
-    hosts_file = [f"127.0.0.1\tlocalhost", f"{desc['head_address']}\t{desc['rig_id']}-head"]
+    hosts_file = ["127.0.0.1\tlocalhost", f"{desc['head_address']}\t{desc['rig_id']}-head"]
     hosts_file += [f"{h['address']}\t{h['hostname']}" for h in desc["hosts"] if desc["uts"]]
     for h in desc["hosts"]:
         ns, veth = h["netns"], h["veth"]
         _ip("netns", "add", ns)
-        st = os.stat(f"/run/netns/{ns}")
-        h["netns_inode"] = [st.st_dev, st.st_ino]
-        _save(desc)
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _ip("link", "set", veth, "addrgenmode", "none")
         _ip("link", "set", veth, "master", desc["bridge"])
@@ -462,7 +459,8 @@ def _make_ssh_files(desc: dict, tools: dict) -> None:
     for name in ("ssh", "scp"):
         real = _tool(name) or f"/usr/bin/{name}"
         wrapper = bindir / name
-        wrapper.write_text(f"#!/bin/sh\n# {name} into rig {desc['rig_id']}\nexec {shlex.quote(real)} -F {shlex.quote(desc['ssh_config'])} \"$@\"\n")
+        wrapper.write_text(f"#!/bin/sh\n# {name} into rig {desc['rig_id']}\n"
+                           f"exec {shlex.quote(real)} -F {shlex.quote(desc['ssh_config'])} \"$@\"\n")
         wrapper.chmod(0o755)
 
 
@@ -478,7 +476,8 @@ def _start_sshds(desc: dict, tools: dict, timeout: float) -> None:
         with open(hdir / "start.log", "w") as log:
             proc = _run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT)
         if proc.returncode != 0:
-            raise RigError(f"sshd of {h['name']} did not start (exit {proc.returncode}): {_tail(hdir / 'start.log')} {_tail(h['sshd_log'])}")
+            raise RigError(f"sshd of {h['name']} did not start (exit {proc.returncode}): "
+                           f"{_tail(hdir / 'start.log')} {_tail(h['sshd_log'])}")
     deadline = time.monotonic() + timeout
     pending = list(desc["hosts"])
     while pending:
@@ -680,9 +679,8 @@ def teardown(desc: dict, keep_state: bool = False) -> list[str]:
         if h["netns"] in netns_now:
             _ip("netns", "del", h["netns"], check=False)
             removed.append(f"netns {h['netns']}")
-        if h["veth"] in links_now:
-            if _gone_ok(_ip("link", "del", h["veth"], check=False)):
-                removed.append(f"veth {h['veth']}")
+        if h["veth"] in links_now and _gone_ok(_ip("link", "del", h["veth"], check=False)):
+            removed.append(f"veth {h['veth']}")
         etc = Path("/etc/netns") / h["netns"]
         if etc.exists():
             shutil.rmtree(etc, ignore_errors=True)
@@ -746,6 +744,8 @@ def down(state_dir: str | os.PathLike | None = None, *, prefix: str | None = Non
         if not _PREFIX_RE.fullmatch(prefix) and not re.fullmatch(r"[a-z][a-z0-9]{0,10}", prefix):
             raise ValueError(f"not a rig prefix: {prefix!r}")
         removed += _sweep(prefix, Path(base), keep_state)
+    with contextlib.suppress(OSError):
+        Path(base).rmdir()  # only if empty
     return removed
 
 
@@ -848,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
               + ("Ctrl-C to tear down" if args.foreground else f"tear down: {sys.argv[0]} down --state {desc['state_dir']}"),
               file=sys.stderr, flush=True)
         if args.foreground:
-            for sig in (signal.SIGTERM, signal.SIGHUP):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: ignored by default in background jobs
                 signal.signal(sig, lambda *_: sys.exit(0))
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
