@@ -4,22 +4,23 @@
 # every test. The README's test command; CI (.ci/run) runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# OpenMPI: MLX's MPI backend is the CPU backend that can split groups (HSDP).
-if ! command -v mpirun >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
-  else
-    echo "note: mpirun not found and Debian packages cannot be installed here; the MPI (HSDP) tests will be skipped"
+# need COMMAND "DEBIAN PACKAGES" WHAT: installs the packages if COMMAND is missing and this runs as root
+# with apt; otherwise says which tests will be skipped.
+need() {
+  if ! command -v "$1" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$1" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $2 >/dev/null
+    else
+      echo "note: $1 not found and Debian packages cannot be installed here; the $3 tests will be skipped"
+    fi
   fi
-fi
+}
+# OpenMPI: MLX's MPI backend is the CPU backend that can split groups (HSDP).
+need mpirun "openmpi-bin libopenmpi-dev" "MPI (HSDP)"
 # Chromium (Debian's): the browser tests drive it through playwright (never `playwright install`, whose
 # browser download is not a package), and kaleido renders static figures with it.
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    echo "note: chromium not found and Debian packages cannot be installed here; the browser tests will be skipped"
-  fi
-fi
+need chromium chromium browser
+# openssh-server: each host of the multi-host rig runs its own sshd (tests/test_hosts_rig.py).
+need sshd openssh-server "multi-host rig"
 python3 -m pip install -q -c constraints.txt -e ".[all,test]"
 python3 -m pytest "$@"
