@@ -101,15 +101,38 @@ def test_bucket_layout_threshold_and_tail():
     bp = plan_buckets(small_spec(), 6 * 1024)
     assert bp.bucket_bytes[-1] < bp.communication_size  # the case under test
     fig = fig_bucket_layout(bp)
-    (line,) = [s for s in fig.layout.shapes if s.name == "communication_size"]
-    assert line.y0 == line.y1 == bp.communication_size / MiB
-    (tail,) = [a for a in fig.layout.annotations if a.name == "tail"]
-    assert tail.x == bp.num_buckets - 1 and tail.y == pytest.approx(bp.bucket_bytes[-1] / MiB)
+    (line,) = [t for t in fig.data if t.legendgroup == "communication_size"]
+    assert list(line.y) == [bp.communication_size / MiB] * 2 and line.name == "communication_size = 6.00 KiB"
+    assert list(line.x) == [-0.5, bp.num_buckets - 0.5] and line.showlegend is not False
+    (tail,) = [t for t in fig.data if t.name.startswith("tail")]
+    assert list(tail.x) == [bp.num_buckets - 1] and tail.y[0] > bp.bucket_bytes[-1] / MiB
+    assert "tail (last bucket) " + format_bytes(bp.bucket_bytes[-1]) in fig.layout.title.text
+    assert not fig.layout.annotations and not fig.layout.shapes  # no label sits on the bars
 
     no_cap = fig_bucket_layout(plan_buckets(small_spec(), 0))
-    assert not no_cap.layout.shapes and not [a for a in no_cap.layout.annotations if a.name == "tail"]
+    assert all(t.type == "bar" for t in no_cap.data)
     one_bucket = fig_bucket_layout(plan_buckets(small_spec(), 64))  # every bucket reaches the cap
-    assert not [a for a in one_bucket.layout.annotations if a.name == "tail"]
+    assert not [t for t in one_bucket.data if t.name.startswith("tail")]
+
+
+@pytest.mark.parametrize("preset", ["llama-3-8b", "mixtral-8x7b"])
+def test_bucket_layout_gives_every_bucket_exactly_its_own_slot(preset):
+    """Issue 18: Llama-3-8B's embedding buckets (0 and 161) were drawn ~137 slots wide, hiding 0-68 and 92-161.
+
+    Each bar now spans [i - 0.4, i + 0.4] of its own index i, whatever its size; only the height is bytes.
+    """
+    bp = plan_buckets(get_preset(preset), 32 * MiB)
+    fig = fig_bucket_layout(bp)
+    drawn = set()
+    for t in bars(fig):
+        assert t.width == figures.BUCKET_BAR_WIDTH == 0.8 and t.offset is None, t.name  # a scalar: no trace infers it
+        x = np.asarray(t.x)
+        assert np.array_equal(x, x.astype(int))
+        drawn |= set(x.astype(int).tolist())
+    assert fig.layout.barmode == "overlay" and fig.layout.xaxis.range == (-0.5, bp.num_buckets - 0.5)
+    assert drawn == set(range(bp.num_buckets))
+    assert "one bar per bucket" in fig.layout.xaxis.title.text and "width carries no size" in fig.layout.xaxis.title.text
+    assert fig.layout.yaxis.title.text == "bytes in the bucket (MiB)"
 
 
 def test_bucket_layout_colours_by_kind():

@@ -29,7 +29,6 @@ from workbench.views.style import (
     PARAM_KINDS,
     SERIES_COLORS,
     figure,
-    hline,
     param_kind,
     path_span,
     subplot_grid,
@@ -37,6 +36,9 @@ from workbench.views.style import (
 
 #: Segments in a bucket-layout figure; beyond this, same-kind runs and then whole buckets merge.
 MAX_BUCKET_SEGMENTS = 4000
+
+#: Width of a bucket's bar in bucket slots: bar ``i`` spans ``[i - 0.4, i + 0.4]``.
+BUCKET_BAR_WIDTH = 0.8
 
 
 # --------------------------------------------------------------------------- buckets
@@ -71,13 +73,15 @@ def _bucket_segments(bucket_plan: BucketPlan) -> tuple[np.ndarray, np.ndarray, n
 
 
 def fig_bucket_layout(bucket_plan: BucketPlan, *, height: int = 420) -> go.Figure:
-    """Buckets as stacked bars of their parameters.
+    """Buckets as stacked bars of their parameters, one slot per bucket.
 
-    x is the bucket index, y the bucket's size in MiB, made of one segment per
-    parameter coloured by :func:`param_kind` (hover: path, shape, size). The
-    ``communication_size`` cap is a dashed line (shape named ``"communication_size"``,
-    omitted when the cap is ``<= 0``); a last bucket below the cap is marked by an
-    annotation named ``"tail"``.
+    Each bucket is one bar of fixed width :data:`BUCKET_BAR_WIDTH` centred on its index, so it
+    spans ``[i - 0.4, i + 0.4]`` whatever its size: the width means "one bucket" (one
+    collective) and only the height means bytes (MiB), made of one segment per parameter
+    coloured by :func:`param_kind` (hover: path, shape, size). The ``communication_size`` cap is
+    a dashed line trace in the legend (named ``"communication_size"``, omitted when the cap is
+    ``<= 0``); a last bucket below the cap is marked by a ``"tail"`` marker above it, also in
+    the legend, so no label sits on the bars.
 
     Args:
         bucket_plan: From :func:`workbench.core.buckets.plan_buckets`.
@@ -101,32 +105,41 @@ def fig_bucket_layout(bucket_plan: BucketPlan, *, height: int = 420) -> go.Figur
     for k, kind in enumerate(PARAM_KINDS):
         mask = seg_kinds == k
         if mask.any():
+            # An explicit width: plotly otherwise takes a trace's bar width from the gaps between
+            # its own x values, so a kind present in buckets 0 and 161 only drew 137 slots wide.
             traces.append(dict(
                 type="bar", x=seg_bucket[mask], y=seg_bytes[mask] / MiB, base=seg_base[mask] / MiB, name=kind,
-                marker=dict(color=KIND_COLORS[kind], line=dict(width=0)), customdata=custom[mask],
-                hovertemplate=f"{hover}<extra>{kind}</extra>",
+                width=BUCKET_BAR_WIDTH, marker=dict(color=KIND_COLORS[kind], line=dict(width=0)),
+                customdata=custom[mask], hovertemplate=f"{hover}<extra>{kind}</extra>",
             ))
-    shapes, annotations = [], []
+    tail_text = ""
     if cap > 0:
-        shapes.append(hline(cap / MiB, "x", "y", "communication_size", dash="dash"))
-        annotations.append(dict(name="communication_size", xref="paper", x=1, y=cap / MiB, xanchor="right",
-                                yanchor="bottom", showarrow=False, text=f"communication_size = {format_bytes(cap)}"))
+        traces.append(dict(type="scatter", x=[-0.5, max(num_b, 1) - 0.5], y=[cap / MiB] * 2, mode="lines",
+                           name=f"communication_size = {format_bytes(cap)}", legendgroup="communication_size",
+                           line=dict(color="#333333", width=1.5, dash="dash"), hoverinfo="skip",
+                           legendrank=2000))
         if num_b and bp.bucket_bytes[-1] < cap:
-            annotations.append(dict(name="tail", x=num_b - 1, y=bp.bucket_bytes[-1] / MiB, ax=-40, ay=-40, arrowhead=2,
-                                    text=f"tail: {format_bytes(bp.bucket_bytes[-1])}", bgcolor="#FFF3CD"))
+            tail_text = f"; tail (last bucket) {format_bytes(bp.bucket_bytes[-1])}"
+            top = float(bp.bucket_bytes.max()) / MiB
+            traces.append(dict(type="scatter", x=[num_b - 1], y=[bp.bucket_bytes[-1] / MiB + 0.04 * top],
+                               mode="markers", name="tail: last bucket, below the cap",
+                               marker=dict(symbol="triangle-down", size=10, color="#B00020"),
+                               customdata=[format_bytes(bp.bucket_bytes[-1])], legendrank=2001,
+                               hovertemplate="tail: bucket %{x}, %{customdata}<extra></extra>"))
     if cap > 0:
         first = bp.policy.first_bucket_bytes
         cap_text = (f"{format_bytes(cap)}" + (f", first bucket of each dtype {format_bytes(first)}" if first else "")
-                    + f" (buckets below it: {bp.num_under_threshold})")
+                    + f" (buckets below it: {bp.num_under_threshold}{tail_text})")
     else:
         cap_text = "0 (one bucket per array)"
     merged = "" if level == "array" else f"; segments are merged {level}s"
     title = (f"{spec.name}: {num_b} buckets = {bp.num_allreduces_per_step} all-reduces per DDP step "
-             f"(policy {bp.policy.name})<br><sup>communication_size {cap_text}; {len(spec)} arrays, "
+             f"(policy {bp.policy.name})<br><sup>communication_size {cap_text}<br>{len(spec)} arrays, "
              f"{format_bytes(spec.nbytes)}{merged}</sup>")
-    layout = dict(barmode="overlay", bargap=0.15, shapes=shapes, annotations=annotations,
-                  xaxis=dict(title=dict(text="bucket"), range=[-0.5, max(num_b, 1) - 0.5]),
-                  yaxis=dict(title=dict(text="MiB")))
+    layout = dict(barmode="overlay", margin=dict(l=60, r=20, t=95, b=60),
+                  xaxis=dict(title=dict(text="bucket index (one bar per bucket; bar width carries no size)"),
+                             range=[-0.5, max(num_b, 1) - 0.5], tickformat="d"),
+                  yaxis=dict(title=dict(text="bytes in the bucket (MiB)"), rangemode="tozero", ticklabelstandoff=6))
     return figure(traces, layout, title, height)
 
 

@@ -13,6 +13,13 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
+#: Toolbar buttons that upload a figure; removed from every figure (template) and display (config).
+UPLOAD_BUTTONS = ("sendChartToCloud", "sendDataToCloud", "editInChartStudio")
+
+#: The plotly config for displaying figures offline: no upload button, no logo link.
+PLOT_CONFIG = {"showSendToCloud": False, "displaylogo": False,
+               "modeBarButtonsToRemove": list(UPLOAD_BUTTONS)}
+
 #: The house style, owned here rather than taken from a plotly built-in: a stored figure carries these
 #: few settings (plotly_white's look), so it does not change when plotly's own templates do.
 TEMPLATE = go.layout.Template(
@@ -27,6 +34,9 @@ TEMPLATE = go.layout.Template(
                    automargin=True, title=dict(standoff=15)),
         shapedefaults=dict(line=dict(color="#2a3f5f")),
         annotationdefaults=dict(arrowcolor="#2a3f5f", arrowhead=0, arrowwidth=1),
+        # plotly.js 3 offers "Share chart..." (an upload to Plotly Cloud) unless told not to: an
+        # offline tool must not offer to send a figure's data anywhere.
+        modebar=dict(remove=list(UPLOAD_BUTTONS)),
     ),
     data=dict(bar=[dict(marker=dict(line=dict(color="white", width=0.5)))]),
 )

@@ -1,0 +1,98 @@
+"""What a person checks on a drawn plotly figure, measured in a real browser (no pixel comparison).
+
+:data:`INSPECT` runs in the page on a plotly graph div and returns its box, every visible text
+element of the figure with its box and role, and every table cell. :func:`problems` turns that
+into sentences: text outside the figure's box, two labels on top of each other, an empty table
+cell, a clipped table. Used by ``test_browser.py`` on static pages and in JupyterLab.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: Returns ``{box, texts: [{text, role, box}], cells: [{text, box}], tables: [{box, clip}], traces, drawn}``.
+INSPECT = """gd => {
+    const r = e => { const b = e.getBoundingClientRect();
+                     return {x0: b.left, y0: b.top, x1: b.right, y1: b.bottom}; };
+    const role = e => {
+        for (const [sel, name] of [['.gtitle', 'title'], ['.g-gtitle', 'title'], ['.xtitle', 'axis title'],
+                ['.ytitle', 'axis title'], ['.legend', 'legend'], ['.annotation', 'annotation'],
+                ['.xtick', 'tick'], ['.ytick', 'tick'], ['.x2tick', 'tick'], ['.y2tick', 'tick'],
+                ['.table', 'table'], ['.textpoint', 'point label'], ['.bartext', 'bar label'],
+                ['.multicategory', 'tick']]) {
+            if (e.closest(sel)) return name;
+        }
+        return e.closest('[class]') ? e.closest('[class]').getAttribute('class') : 'text';
+    };
+    const texts = Array.from(gd.querySelectorAll('svg text'))
+        .filter(e => !e.closest('.hoverlayer') && !e.closest('.modebar') && e.textContent.trim() !== ''
+                     && getComputedStyle(e).visibility !== 'hidden' && getComputedStyle(e).display !== 'none'
+                     && e.getAttribute('opacity') !== '0' && e.getBBox().width > 0)
+        .map(e => ({text: e.textContent, role: role(e), box: r(e)}));
+    const cells = Array.from(gd.querySelectorAll('g.table .column-cell, g.table .column-cell'))
+        .map(c => ({text: Array.from(c.querySelectorAll('text')).map(t => t.textContent).join(' ').trim(),
+                    box: r(c)}));
+    const tables = Array.from(gd.querySelectorAll('g.table')).map(t => {
+        const clip = t.querySelector('clipPath rect');
+        return {box: r(t), clip: clip ? r(clip) : null};
+    });
+    return {box: r(gd), texts, cells, tables, traces: (gd.data || []).length,
+            drawn: gd.querySelectorAll('.cartesianlayer g.trace, g.table').length,
+            modebar: Array.from(gd.querySelectorAll('.modebar-btn')).map(b => b.getAttribute('data-title'))};
+}"""
+
+
+def overlaps(a: dict, b: dict, slack: float = 1.0) -> bool:
+    return (min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > slack
+            and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack)
+
+
+def inside(inner: dict, outer: dict, slack: float = 1.0) -> bool:
+    return (inner["x0"] >= outer["x0"] - slack and inner["y0"] >= outer["y0"] - slack
+            and inner["x1"] <= outer["x1"] + slack and inner["y1"] <= outer["y1"] + slack)
+
+
+def problems(name: str, seen: dict) -> list[str]:
+    """Sentences naming each text outside the figure, each pair of overlapping labels, each empty cell."""
+    out = []
+    texts = [t for t in seen["texts"] if t["role"] != "table"]
+    for t in seen["texts"]:
+        if not inside(t["box"], seen["box"]):
+            out.append(f"{name}: {t['role']} {t['text']!r} lies outside the figure {t['box']} vs {seen['box']}")
+    for i, a in enumerate(texts):
+        for b in texts[i + 1:]:
+            if overlaps(a["box"], b["box"]) and not (a["text"] == b["text"] and a["box"] == b["box"]):
+                out.append(f"{name}: {a['role']} {a['text']!r} overlaps {b['role']} {b['text']!r}")
+    for c in seen["cells"]:
+        if not c["text"]:
+            out.append(f"{name}: an empty table cell at {c['box']}")
+    for c in seen["cells"]:
+        for table in seen["tables"]:
+            if table["clip"] and not inside(c["box"], table["clip"], slack=2):
+                out.append(f"{name}: table cell {c['text']!r} is clipped by its table")
+    for t in seen["texts"]:
+        if t["role"] == "table":
+            for table in seen["tables"]:
+                if table["clip"] and not inside(t["box"], table["clip"], slack=2):
+                    out.append(f"{name}: table text {t['text']!r} is cut at the table's edge")
+    if any("share" in (title or "").lower() or "cloud" in (title or "").lower() or "chart studio" in (title or "").lower()
+           for title in seen["modebar"]):
+        out.append(f"{name}: the toolbar offers to upload ({seen['modebar']})")
+    return out
+
+
+def figure_page(figures: dict, path: Path, width: int = 968) -> Path:
+    """An offline HTML page with each figure in a ``width`` px box (plotly.js inlined), one div per name."""
+    import plotly.io as pio
+
+    from workbench.views.style import PLOT_CONFIG
+
+    parts = []
+    for k, (name, fig) in enumerate(figures.items()):
+        div = pio.to_html(fig, full_html=False, include_plotlyjs=(k == 0), div_id=f"fig-{name}",
+                          config=PLOT_CONFIG, default_width="100%")
+        parts.append(f"<section data-name={json.dumps(name)} style='width:{width}px;margin:12px 0'>{div}</section>")
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body style='margin:0'>"
+                    f"{''.join(parts)}</body></html>")
+    return path
