@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from workbench.runs.store import RunStore, run_id_for, sweep
+from workbench.runs.store import RunStore, run_id_for
+from workbench.runs.sweep import sweep
 from workbench.runs.tables import load_runs
 
 SPEC = {"framework": "mlx", "strategy": "fsdp", "model": "tiny", "num_ranks": 2, "bucket_bytes": 2**20}
@@ -76,7 +77,7 @@ def test_record_write_is_atomic_and_leftover_temp_file_is_ignored(tmp_path):
     store = RunStore(tmp_path)
     handle = store.create(SPEC, META)
     handle.finish({"final_loss": 1.0})
-    assert sorted(p.name for p in handle.folder.iterdir()) == ["record.json"]  # no temp left behind
+    assert sorted(p.name for p in handle.folder.iterdir()) == [".lock", "record.json"]  # no temp left behind
     # A crash between writing the temp file and os.replace leaves a half-written temp file.
     (handle.folder / ".record.json.abc123.tmp").write_text('{"run_id": "x", "sta')
     result = load_runs(tmp_path)
@@ -108,8 +109,10 @@ def test_corrupt_record_is_reported_and_the_others_load(tmp_path):
 
 
 def test_empty_root_loads_empty_frames(tmp_path):
-    result = load_runs(tmp_path / "nothing-here")
-    assert len(result.runs) == 0 and len(result.steps) == 0 and result.problems == []
+    assert load_runs(tmp_path).problems == []  # an empty store is fine
+    result = load_runs(tmp_path / "nothing-here")  # a mistyped one is reported (issue 14, item 8)
+    assert len(result.runs) == 0 and len(result.steps) == 0
+    assert result.problems == [(str(tmp_path / "nothing-here"), "no such folder")]
     assert {"run_id", "step", "loss"} <= set(result.steps.columns)
     assert RunStore(tmp_path / "nothing-here").list_runs() == []
 
