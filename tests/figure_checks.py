@@ -30,14 +30,15 @@ INSPECT = """gd => {
                      && getComputedStyle(e).visibility !== 'hidden' && getComputedStyle(e).display !== 'none'
                      && e.getAttribute('opacity') !== '0' && e.getBBox().width > 0)
         .map(e => ({text: e.textContent, role: role(e), box: r(e)}));
-    const cells = Array.from(gd.querySelectorAll('g.table .column-cell, g.table .column-cell'))
-        .map(c => ({text: Array.from(c.querySelectorAll('text')).map(t => t.textContent).join(' ').trim(),
-                    box: r(c)}));
-    const tables = Array.from(gd.querySelectorAll('g.table')).map(t => {
-        const clip = t.querySelector('clipPath rect');
-        return {box: r(t), clip: clip ? r(clip) : null};
+    const cells = Array.from(gd.querySelectorAll('g.table g.column-cell')).map(c => {
+        const texts = Array.from(c.querySelectorAll('text')).filter(t => t.textContent.trim() !== '');
+        const rect = c.querySelector('rect');
+        return {text: texts.map(t => t.textContent).join(' ').trim(), box: rect ? r(rect) : r(c),
+                textBoxes: texts.map(r)};
     });
-    return {box: r(gd), texts, cells, tables, traces: (gd.data || []).length,
+    const tables = Array.from(gd.querySelectorAll('g.table')).map(t => ({box: r(t), clip: null}));
+    const host = gd.closest('section, .jp-OutputArea-output, .widget-vbox, .slides section') || gd.parentElement;
+    return {box: r(gd), container: r(host), texts, cells, tables, traces: (gd.data || []).length,
             drawn: gd.querySelectorAll('.cartesianlayer g.trace, g.table').length,
             modebar: Array.from(gd.querySelectorAll('.modebar-btn')).map(b => b.getAttribute('data-title'))};
 }"""
@@ -57,6 +58,8 @@ def problems(name: str, seen: dict) -> list[str]:
     """Sentences naming each text outside the figure, each pair of overlapping labels, each empty cell."""
     out = []
     texts = [t for t in seen["texts"] if t["role"] != "table"]
+    if seen.get("container") and seen["box"]["x1"] > seen["container"]["x1"] + 1:
+        out.append(f"{name}: the figure is wider than its container ({seen['box']} vs {seen['container']})")
     for t in seen["texts"]:
         if not inside(t["box"], seen["box"]):
             out.append(f"{name}: {t['role']} {t['text']!r} lies outside the figure {t['box']} vs {seen['box']}")
@@ -68,14 +71,11 @@ def problems(name: str, seen: dict) -> list[str]:
         if not c["text"]:
             out.append(f"{name}: an empty table cell at {c['box']}")
     for c in seen["cells"]:
-        for table in seen["tables"]:
-            if table["clip"] and not inside(c["box"], table["clip"], slack=2):
-                out.append(f"{name}: table cell {c['text']!r} is clipped by its table")
-    for t in seen["texts"]:
-        if t["role"] == "table":
-            for table in seen["tables"]:
-                if table["clip"] and not inside(t["box"], table["clip"], slack=2):
-                    out.append(f"{name}: table text {t['text']!r} is cut at the table's edge")
+        for box in c["textBoxes"]:
+            if not inside(box, c["box"], slack=2):
+                out.append(f"{name}: table cell text {c['text']!r} is cut at its cell's edge")
+        if not inside(c["box"], seen["box"]):
+            out.append(f"{name}: table cell {c['text']!r} is cut off by the figure (a row not shown)")
     if any("share" in (title or "").lower() or "cloud" in (title or "").lower() or "chart studio" in (title or "").lower()
            for title in seen["modebar"]):
         out.append(f"{name}: the toolbar offers to upload ({seen['modebar']})")

@@ -276,20 +276,42 @@ def test_layout_metrics_cells_are_the_summary(big):
     _, _, plans = big
     fig = fig_layout_metrics(plans)
     (table,) = fig.data
-    header = list(table.header.values)
-    cells = {name: list(col) for name, col in zip(header, table.cells.values)}
+    plain = lambda text: text.replace("\u00a0", " ")  # noqa: E731
+    header = [plain(h) for h in table.header.values]
+    cells = {name: [plain(c) for c in col] for name, col in zip(header, table.cells.values)}
     assert cells["layout"] == list(plans)
     for i, plan in enumerate(plans.values()):
         s = plan.summary()
-        assert cells["max bytes / rank"][i] == format_bytes(s["max_rank_bytes"])
-        assert cells["imbalance (max/mean)"][i] == f"{s['imbalance']:.3f}"
-        assert cells["padding (all ranks)"][i] == format_bytes(s["padding_bytes"])
-        assert cells["split arrays"][i] == str(s["num_split_arrays"])
-        assert cells["fragments / rank (max)"][i] == str(s["max_fragments_per_rank"])
-        assert cells["fragments / rank (mean)"][i] == f"{s['mean_fragments_per_rank']:.1f}"
-        assert cells["collectives / step"][i] == str(s["num_collectives_per_step"])
-    # greedy at N=1024: 723 arrays leave 301 ranks owning nothing, so 723 broadcasts
-    assert cells["of which"] == ["482 RS + 482 AG", "482 RS + 482 AG", "482 AR + 723 bcast"]
+        assert cells["bytes<br>per rank,<br>maximum"][i] == format_bytes(s["max_rank_bytes"])
+        assert cells["bytes<br>per rank,<br>mean"][i] == format_bytes(s["mean_rank_bytes"])
+        assert cells["imbalance<br>(maximum<br>/ mean)"][i] == f"{s['imbalance']:.3f}"
+        assert cells["padding,<br>all ranks<br>(bytes)"][i] == format_bytes(s["padding_bytes"])
+        assert cells["arrays<br>split across<br>ranks"][i] == str(s["num_split_arrays"])
+        assert cells["fragments<br>per rank,<br>maximum"][i] == str(s["max_fragments_per_rank"])
+        assert cells["fragments<br>per rank,<br>mean"][i] == f"{s['mean_fragments_per_rank']:.1f}"
+        assert cells["collectives<br>per step"][i] == str(s["num_collectives_per_step"])
+    assert cells["of which"] == ["482 reduce-scatter<br>+ 482 all-gather"] * 2 + ["482 all-reduce<br>+ 723 broadcast"]
+
+
+@pytest.mark.parametrize("num_plans", [1, 2, 3])
+def test_layout_metrics_table_is_sized_to_its_content(big, num_plans):
+    """Issue 18: headers were cut ("imbalanc (max/me"), cells with a space blank, the greedy row clipped.
+
+    Headers are full words and break only where written (no space is breakable), each column is as
+    wide as its longest line, and the figure is as tall as the header plus every row.
+    """
+    _, _, plans = big
+    fig = fig_layout_metrics(dict(list(plans.items())[:num_plans]))
+    (table,) = fig.data
+    assert not any(" " in text for text in [*table.header.values, *(c for col in table.cells.values for c in col)])
+    assert not [h for h in table.header.values if "/ rank" in h or "max/" in h]  # full words
+    longest = [max(len(line) for text in [h, *col] for line in text.split("<br>"))
+               for h, col in zip(table.header.values, table.cells.values)]
+    assert list(table.columnwidth) == [figures._PAD_PX + figures._CHAR_PX * n for n in longest]
+    m = fig.layout.margin
+    assert fig.layout.width == int(sum(table.columnwidth)) + m.l + m.r + 4
+    assert fig.layout.height >= m.t + table.header.height + num_plans * table.cells.height + m.b
+    assert table.cells.height == 8 + figures._LINE_PX * 2  # "of which" has two lines
 
 
 # --------------------------------------------------------------------------- sweeps

@@ -146,37 +146,64 @@ def fig_bucket_layout(bucket_plan: BucketPlan, *, height: int = 420) -> go.Figur
 # --------------------------------------------------------------------------- shards
 
 
-#: Columns of :func:`fig_layout_metrics`: header, and the cell text from ``(summary, plan)``.
+def _collectives(p: ShardPlan) -> str:
+    parts = [f"{num} {kind}" for num, kind in ((p.num_reduce_scatters, "reduce-scatter"), (p.num_all_gathers, "all-gather"),
+                                               (p.num_all_reduces, "all-reduce"), (p.num_broadcasts, "broadcast")) if num]
+    return "<br>+ ".join(parts)
+
+
+#: Columns of :func:`fig_layout_metrics`: header (full words, units; ``<br>`` breaks lines), and the cell
+#: text from ``(summary, plan)``. Sizes carry their unit in the cell ("14.83 MiB").
 METRIC_COLUMNS = (
-    ("N", lambda s, p: str(s["num_shards"])),
+    ("ranks<br>(N)", lambda s, p: str(s["num_shards"])),
     ("buckets", lambda s, p: str(s["num_buckets"])),
-    ("max bytes / rank", lambda s, p: format_bytes(s["max_rank_bytes"])),
-    ("mean bytes / rank", lambda s, p: format_bytes(s["mean_rank_bytes"])),
-    ("imbalance (max/mean)", lambda s, p: f"{s['imbalance']:.3f}"),
-    ("padding (all ranks)", lambda s, p: format_bytes(s["padding_bytes"])),
-    ("split arrays", lambda s, p: str(s["num_split_arrays"])),
-    ("fragments / rank (max)", lambda s, p: str(s["max_fragments_per_rank"])),
-    ("fragments / rank (mean)", lambda s, p: f"{s['mean_fragments_per_rank']:.1f}"),
-    ("collectives / step", lambda s, p: str(s["num_collectives_per_step"])),
-    ("of which", lambda s, p: " + ".join(
-        f"{num} {kind}" for num, kind in ((p.num_reduce_scatters, "RS"), (p.num_all_gathers, "AG"),
-                                          (p.num_all_reduces, "AR"), (p.num_broadcasts, "bcast")) if num)),
+    ("bytes<br>per rank,<br>maximum", lambda s, p: format_bytes(s["max_rank_bytes"])),
+    ("bytes<br>per rank,<br>mean", lambda s, p: format_bytes(s["mean_rank_bytes"])),
+    ("imbalance<br>(maximum<br>/ mean)", lambda s, p: f"{s['imbalance']:.3f}"),
+    ("padding,<br>all ranks<br>(bytes)", lambda s, p: format_bytes(s["padding_bytes"])),
+    ("arrays<br>split across<br>ranks", lambda s, p: str(s["num_split_arrays"])),
+    ("fragments<br>per rank,<br>maximum", lambda s, p: str(s["max_fragments_per_rank"])),
+    ("fragments<br>per rank,<br>mean", lambda s, p: f"{s['mean_fragments_per_rank']:.1f}"),
+    ("collectives<br>per step", lambda s, p: str(s["num_collectives_per_step"])),
+    ("of which", lambda s, p: _collectives(p)),
 )
+
+#: Table geometry in pixels: a generous character width of the 12 px font, cell padding, line height.
+_CHAR_PX, _PAD_PX, _LINE_PX = 6.4, 14, 17
+
+
+def _lines(text: str) -> list[str]:
+    return text.split("<br>")
 
 
 def fig_layout_metrics(plans: Mapping[str, ShardPlan], *, height: int | None = None) -> go.Figure:
-    """A table comparing layouts, one row per plan, from :meth:`ShardPlan.summary` (columns: :data:`METRIC_COLUMNS`)."""
+    """A table comparing layouts, one row per plan, from :meth:`ShardPlan.summary` (columns: :data:`METRIC_COLUMNS`).
+
+    The table is sized to its content: each column as wide as its longest line, every row as tall
+    as its lines, and the figure's width and height their sum, so no header is cut and no row is
+    hidden. Text never wraps on its own (spaces are non-breaking; plotly's own wrapping measured
+    text before the widget was on screen and drew every cell with a space blank).
+    """
     if not plans:
         raise ValueError("fig_layout_metrics needs at least one plan.")
+    nbsp = lambda text: text.replace(" ", "\u00a0")  # noqa: E731
+    header = ["layout"] + [name for name, _ in METRIC_COLUMNS]
     rows = [[label] + [cell(plan.summary(), plan) for _, cell in METRIC_COLUMNS] for label, plan in plans.items()]
+    columns = [list(col) for col in zip(header, *rows)]
+    widths = [_PAD_PX + _CHAR_PX * max(len(line) for text in col for line in _lines(text)) for col in columns]
+    header_h = 8 + _LINE_PX * max(len(_lines(h)) for h in header)
+    row_h = [8 + _LINE_PX * max(len(_lines(c)) for c in row) for row in rows]
     table = dict(
-        type="table", columnwidth=[1.2] + [1.0] * len(METRIC_COLUMNS),
-        header=dict(values=["layout"] + [name for name, _ in METRIC_COLUMNS], fill=dict(color="#E8EEF5"), align="left"),
-        cells=dict(values=[list(col) for col in zip(*rows)], align="left", height=26),
+        type="table", columnwidth=widths,
+        header=dict(values=[nbsp(h) for h in header], fill=dict(color="#E8EEF5"), align="left", height=header_h),
+        cells=dict(values=[[nbsp(c) for c in col[1:]] for col in columns], align="left", height=max(row_h)),
     )
     bp = next(iter(plans.values())).buckets
     title = f"Layouts compared: {bp.spec.name}, {bp.num_buckets} buckets (policy {bp.policy.name})"
-    return figure([table], dict(margin=dict(l=10, r=10, t=50, b=10)), title, height or 130 + 30 * len(rows))
+    margin = dict(l=10, r=10, t=50, b=10)
+    width = int(sum(widths)) + margin["l"] + margin["r"] + 4
+    content_h = margin["t"] + header_h + max(row_h) * len(rows) + margin["b"] + 12
+    return figure([table], dict(margin=margin, width=width, autosize=False), title, height or content_h)
 
 
 # --------------------------------------------------------------------------- sweeps
