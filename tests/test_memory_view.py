@@ -152,8 +152,9 @@ def test_explorer_redraws_when_a_control_changes():
     explorer.controls["num_shards"].value = (16, 64)
     assert list(explorer.figure.data[0].x[1]) == ["N=16", "N=32", "N=64"] * 5
     explorer.controls["param_dtype"].value = "float32"
-    explorer.controls["master_dtype"].value = None
+    explorer.controls["master_dtype"].value = "none"
     assert "master_weights" not in bars(explorer.figure)
+    assert explorer.controls["master_dtype"].label == "none" and explorer.controls["master_dtype"].index == 0
     explorer.controls["model"].value = "qwen3-4b"
     assert explorer.estimates[0].num_params == get_preset("qwen3-4b").num_params
     explorer.controls["seq_len"].value = 128
@@ -162,6 +163,33 @@ def test_explorer_redraws_when_a_control_changes():
     assert "updated_parameters" in bars(explorer.figure)
     phases = {(e.strategy, e.peak_phase) for e in explorer.estimates}
     assert ("ddp", "step") in phases and ("zero3", "backward") in phases  # ZeRO-3: the gathered embedding wins
+
+
+def test_master_dtype_none_stays_selected_and_reaches_the_model():
+    """Issue 18: picking "none" drew a blank dropdown (a Dropdown whose value is None has nothing selected)."""
+    explorer = build_memory_explorer("gpt2", num_shards=(2, 8), seq_len=256, master_dtype=None)
+    control = explorer.controls["master_dtype"]
+    assert (control.value, control.label, control.index) == ("none", "none", 0)
+    assert "master_weights" not in bars(explorer.figure)
+    control.value = "float32"
+    assert "master_weights" in bars(explorer.figure)
+    control.label = "none"  # what a click on the option does
+    assert control.index == 0 and "master_weights" not in bars(explorer.figure)
+
+
+def test_breakdown_legend_is_beside_the_plot_and_numbers_do_not_run_together():
+    """Issue 18: the legend covered the strategy names; seven N ran the peak numbers together ("159159159")."""
+    estimates = estimate_breakdowns("llama-3-8b", num_shards=tuple(2**k for k in range(3, 10)))
+    fig = fig_memory_breakdown(estimates)
+    assert fig.layout.legend.orientation == "v" and fig.layout.legend.x > 1  # right of the plot, off the x axis
+    texts = [(x0, x1, text, pos) for t in fig.data if t.name.startswith("peak")
+             for x0, x1, text, pos in zip(t.x[0], t.x[1], t.text, t.textposition)]
+    shown = [(x0, x1, pos) for x0, x1, text, pos in texts if text]
+    assert len(texts) == 35 and len(shown) == 10  # the smallest and largest N of each of the five strategies
+    assert {(x1, pos) for _, x1, pos in shown} == {("N=8", "top right"), ("N=512", "top left")}
+    assert "numbers at the smallest and largest N" in fig.layout.title.text
+    two = fig_memory_breakdown(estimate_breakdowns("llama-3-8b", num_shards=(8, 64)))
+    assert all(text for t in two.data if t.name.startswith("peak") for text in t.text)
 
 
 @pytest.mark.parametrize("call, knob", [

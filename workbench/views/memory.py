@@ -107,6 +107,22 @@ def breakdown_summary(estimates: Sequence[MemoryEstimate], unit: str = "GB") -> 
                                   for e in estimates if e.num_shards == n)
 
 
+def _labelled_peaks(estimates: Sequence[MemoryEstimate]) -> dict[int, str]:
+    """Which peaks get a number, and where: all with at most two N per strategy, else each strategy's
+    smallest and largest N (seven N side by side ran their numbers together, "159159159")."""
+    by_strategy: dict[str, list[int]] = {}
+    for i, e in enumerate(estimates):
+        by_strategy.setdefault(e.strategy, []).append(i)
+    chosen = {}
+    for ks in by_strategy.values():
+        ks = sorted(ks, key=lambda i: estimates[i].num_shards)
+        if len(ks) <= 2:
+            chosen |= {i: "top center" for i in ks}
+        else:  # each number leans into its own strategy, away from the neighbour's
+            chosen |= {ks[0]: "top right", ks[-1]: "top left"}
+    return chosen
+
+
 def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB",
                          labels: Mapping[str, str] | None = None, title: str | None = None,
                          height: int = 460) -> go.Figure:
@@ -140,23 +156,29 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
                 color=COMPONENT_COLORS[name], line=dict(width=0), pattern=dict(shape="/" if transient else "")),
                 hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} {unit}<extra></extra>"))
     other = [e.phase_bytes("backward" if e.peak_phase == "step" else "step") for e in estimates]
+    labelled = _labelled_peaks(estimates)
     for phase, symbol in PEAK_SYMBOLS.items():
         k = [i for i, e in enumerate(estimates) if peak_label(e) == phase]
         if k:
             traces.append(dict(type="scatter", x=[[x[0][i] for i in k], [x[1][i] for i in k]], mode="markers+text",
                                y=[estimates[i].total_bytes / scale for i in k], name=f"peak, set by {phase}",
-                               text=[f"{estimates[i].total_bytes / scale:.3g}" for i in k], textposition="top center",
+                               text=[f"{estimates[i].total_bytes / scale:.3g}" if i in labelled else "" for i in k],
+                               textposition=[labelled.get(i, "top center") for i in k], textfont=dict(size=11),
                                marker=dict(color="#333333", symbol=symbol, size=9),
                                hovertemplate=f"%{{x}}<br>peak %{{y:.3f}} {unit}, set by {phase}<extra></extra>"))
     traces.append(dict(type="scatter", x=x, y=[(e.phase_bytes("states") + o) / scale if o else None
                                                for e, o in zip(estimates, other)],
-                       mode="markers", name="other transient phase (never coexists)",
+                       mode="markers", name="other transient phase<br>(never coexists with it)",
                        marker=dict(color="#333333", symbol="line-ew-open", size=18, line=dict(width=2)),
                        hovertemplate=f"%{{x}}<br>states + other phase: %{{y:.3f}} {unit}<extra></extra>"))
     psi = estimates[0].num_params
+    some = "" if len(labelled) == len(estimates) else "; numbers at the smallest and largest N of each, hover for the rest"
     title = title or (f"Memory per rank at the peak, {psi / 1e9:.3g}B parameters<br><sup>solid: model states; "
-                      "hatched: the transient phase that sets the peak (backward or step)</sup>")
-    layout = dict(barmode="stack", yaxis=dict(title=dict(text=f"{unit} per rank")), xaxis=dict(type="multicategory"))
+                      f"hatched: the transient phase that sets the peak (backward or step){some}</sup>")
+    # The legend sits right of the plot: below it, it covered the strategy names of the multicategory axis.
+    layout = dict(barmode="stack", yaxis=dict(title=dict(text=f"{unit} per rank")), xaxis=dict(type="multicategory"),
+                  legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", traceorder="normal"),
+                  margin=dict(l=60, r=20, t=80, b=40))
     return figure(traces, layout, title, height)
 
 

@@ -19,7 +19,7 @@ from workbench.views.memory import (
 from workbench.views.style import TEMPLATE, update_figure_widget
 
 #: The explorer's dropdowns and sliders: control -> options (a given value joins a slider's options).
-EXPLORER_CHOICES = {"param_dtype": ("bfloat16", "float16", "float32"), "master_dtype": (None, "float32"),
+EXPLORER_CHOICES = {"param_dtype": ("bfloat16", "float16", "float32"), "master_dtype": ("none", "float32"),
                     "optimizer": tuple(OPTIMIZER_NUM_STATES), "update_copies": UPDATE_COPIES}
 
 
@@ -43,14 +43,16 @@ class MemoryExplorer(widgets.VBox):
         from workbench.core.presets import list_presets
 
         estimate_breakdowns(model, num_shards=powers_between(*num_shards)[:1], **values)  # a bad knob raises here
+        # A dropdown's value None means "nothing selected" to ipywidgets (it drew a blank box after
+        # "none" was picked), so the control holds the string "none" and update() maps it back.
+        values = {**values, "master_dtype": "none" if values["master_dtype"] is None else values["master_dtype"]}
         for name, options in EXPLORER_CHOICES.items():
             if values[name] not in options:
                 raise ValueError(f"{name} must be one of {list(options)} in the explorer, got {values[name]!r}.")
         wide = dict(style={"description_width": "initial"})
         self.controls: dict[str, widgets.Widget] = {
             "model": widgets.Dropdown(options=list_presets(), value=model, description="model", **wide),
-            **{name: widgets.Dropdown(options=[(str(o).replace("None", "none"), o) for o in options],
-                                      value=values[name], description=name, **wide)
+            **{name: widgets.Dropdown(options=list(options), value=values[name], description=name, **wide)
                for name, options in EXPLORER_CHOICES.items()},
             **{name: widgets.SelectionSlider(options=sorted({*options, values[name]}), value=values[name],
                                              description=name, continuous_update=False, **wide)
@@ -72,6 +74,7 @@ class MemoryExplorer(widgets.VBox):
     def update(self) -> bool:
         """Recompute from the controls; on a ``ValueError`` keep the last figure, show the error, return False."""
         v = {name: control.value for name, control in self.controls.items()}
+        v["master_dtype"] = None if v["master_dtype"] == "none" else v["master_dtype"]
         try:
             estimates = estimate_breakdowns(v.pop("model"), num_shards=powers_between(*v.pop("num_shards")), **v)
             fig = fig_memory_breakdown(estimates)
