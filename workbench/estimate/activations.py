@@ -4,7 +4,8 @@ largest FSDP unit of a transformer.
 
 from __future__ import annotations
 
-from workbench.core.presets import PRESETS, ArchitectureConfig, is_expert_param, layer_index
+from workbench.core.architecture import is_expert_param, layer_index
+from workbench.core.resolve import ModelArg, resolve_architecture
 from workbench.core.specs import ModelSpec
 from workbench.estimate.knobs import (
     count_knob,
@@ -30,7 +31,7 @@ def largest_unit_params(spec: ModelSpec, *, experts: bool = True) -> int:
 
 def estimate_activation_bytes(*, seq_len: int, micro_batch_size: int, hidden_size: int | None = None,
                               num_heads: int | None = None, num_layers: int | None = None,
-                              config: ArchitectureConfig | str | None = None) -> int:
+                              config: ModelArg | None = None) -> int:
     """Activation bytes kept for backward: ``L * s * b * h * (34 + 5 * a * s / h)``.
 
     Korthikanti et al. 2022 (arXiv:2205.05198, Sec. 4.1, Eq. 1): 16-bit activations, no
@@ -40,12 +41,11 @@ def estimate_activation_bytes(*, seq_len: int, micro_batch_size: int, hidden_siz
     Args:
         seq_len: s, tokens per sequence. micro_batch_size: b, sequences per rank.
         hidden_size, num_heads, num_layers: h, a, L; default to ``config``'s.
-        config: An :class:`ArchitectureConfig` or a preset name.
+        config: A preset name, a ``config.json`` path or dict, or an :class:`ArchitectureConfig`
+            (:func:`~workbench.core.resolve.resolve_architecture`).
     """
-    if isinstance(config, str):
-        if config not in PRESETS:
-            raise ValueError(f"config: unknown preset {config!r}; known: {', '.join(sorted(PRESETS))}.")
-        config = PRESETS[config]
+    if config is not None:
+        config = resolve_architecture(config, argument="config")
     h = hidden_size if hidden_size is not None else getattr(config, "hidden_size", None)
     a = num_heads if num_heads is not None else getattr(config, "num_heads", None)
     n_layers = num_layers if num_layers is not None else getattr(config, "num_layers", None)
