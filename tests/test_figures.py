@@ -322,7 +322,7 @@ def test_buckets_vs_size_lines_are_the_plans():
     sizes = [1024, 4096, 16384]
     fig = fig_buckets_vs_size(spec, sizes)
     for policy in ("mlx", "pytorch-ddp"):
-        count, largest = [t for t in fig.data if t.name == policy]
+        count, largest = [t for t in fig.data if t.legendgroup == policy]
         plans = [plan_buckets(spec, s, policy=policy) for s in sizes]
         assert list(count.y) == [p.num_buckets for p in plans]
         np.testing.assert_allclose(largest.y, [p.bucket_bytes.max() / MiB for p in plans])
@@ -330,6 +330,23 @@ def test_buckets_vs_size_lines_are_the_plans():
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
     with pytest.raises(ValueError, match="> 0"):
         fig_buckets_vs_size(spec, [0, 1024])
+
+
+def test_buckets_vs_size_log_axes_label_only_powers_of_ten_and_coinciding_lines_are_said():
+    """Issue 18: the log y axis read "2, 100, 9...2", and mlx's line hid under pytorch-ddp's unsaid."""
+    spec = get_preset("llama-3-8b")
+    fig = fig_buckets_vs_size(spec, [2**k * MiB for k in range(-2, 11)])
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.yaxis, fig.layout.yaxis2):
+        assert axis.type == "log" and len(axis.tickvals) >= 2
+        assert all(np.log10(v) == round(np.log10(v)) for v in axis.tickvals)  # 0.1, 1, 10, ...: no minor labels
+        assert list(axis.ticktext) == [f"{v:g}" for v in axis.tickvals]
+        assert axis.range[0] <= np.log10(min(axis.tickvals)) and axis.range[1] >= np.log10(max(axis.tickvals))
+    mlx, ddp = (next(t for t in fig.data if t.legendgroup == p) for p in ("mlx", "pytorch-ddp"))
+    assert mlx.y == ddp.y  # the case under test: the bucket counts coincide for Llama-3-8B
+    assert mlx.line.dash == "solid" and ddp.line.dash == "dash" and mlx.line.width > ddp.line.width
+    assert mlx.marker.size > ddp.marker.size  # the line below stays visible around the one on top
+    assert ddp.name == "pytorch-ddp (dashed, over mlx)"
+    assert "bucket counts of mlx and pytorch-ddp coincide" in fig.layout.title.text
 
 
 def test_padding_vs_shards_lines_are_the_plans():

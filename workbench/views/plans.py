@@ -227,24 +227,61 @@ def fig_buckets_vs_size(spec: ModelSpec, sizes_bytes: Iterable[int], policies: S
         raise ValueError(f"sizes_bytes must be non-empty and all > 0 for a log axis, got {sizes.tolist()}.")
     layout, ((x1, y1), (x2, y2)) = subplot_grid(1, 2, ("buckets = all-reduces per DDP step", "largest bucket (MiB)"))
     labels = [format_bytes(s) for s in sizes]
-    traces = []
+    traces, drawn = [], {}
     for k, policy in enumerate(policies):
         bucket_plans = [plan_buckets(spec, int(s), policy=policy) for s in sizes]
         name = bucket_plans[0].policy.name
-        common = dict(type="scatter", x=sizes / MiB, mode="lines+markers", name=name, legendgroup=name,
-                      customdata=labels, line=dict(color=SERIES_COLORS[k % len(SERIES_COLORS)]))
-        traces.append(dict(common, y=[p.num_buckets for p in bucket_plans], xaxis=x1, yaxis=y1,
+        counts = tuple(p.num_buckets for p in bucket_plans)
+        largest = tuple(float(p.bucket_bytes.max()) / MiB for p in bucket_plans)
+        same = [other for other, seen in drawn.items() if seen[0] == counts or np.allclose(seen[1], largest, rtol=0.1)]
+        drawn[name] = (counts, largest)
+        label = f"{name} (dashed, over {same[0]})" if same else name
+        # Each policy its own dash and marker, so a line drawn on top of another leaves the first visible.
+        common = dict(type="scatter", x=sizes / MiB, mode="lines+markers", name=label, legendgroup=name,
+                      customdata=labels, line=dict(color=SERIES_COLORS[k % len(SERIES_COLORS)], dash=_DASHES[k % 4],
+                                                   width=2 + 2 * (len(policies) - 1 - k)),
+                      marker=dict(symbol=_SYMBOLS[k % 4], size=12 - 4 * k if k < 2 else 6))
+        traces.append(dict(common, y=list(counts), xaxis=x1, yaxis=y1,
                            hovertemplate=f"cap %{{customdata}}<br>%{{y}} buckets<extra>{name}</extra>"))
-        traces.append(dict(common, y=[p.bucket_bytes.max() / MiB for p in bucket_plans], xaxis=x2, yaxis=y2,
-                           showlegend=False, hovertemplate=f"cap %{{customdata}}<br>largest %{{y:.2f}} MiB<extra>{name}</extra>"))
+        traces.append(dict(common, y=list(largest), xaxis=x2, yaxis=y2, showlegend=False,
+                           hovertemplate=f"cap %{{customdata}}<br>largest %{{y:.2f}} MiB<extra>{name}</extra>"))
     traces.append(dict(type="scatter", x=sizes / MiB, y=sizes / MiB, mode="lines", name="largest = cap", xaxis=x2,
                        yaxis=y2, line=dict(color="#999999", dash="dot"), hoverinfo="skip"))
+    for axis, values in (("xaxis", sizes / MiB), ("xaxis2", sizes / MiB),
+                         ("yaxis", [c for c, _ in drawn.values()]),
+                         ("yaxis2", [*(big for _, big in drawn.values()), sizes / MiB])):
+        layout[axis].update(_decades(np.concatenate([np.ravel(v) for v in values])))
     for axis in ("xaxis", "xaxis2"):
-        layout[axis].update(type="log", title=dict(text="communication_size (MiB)"))
-    for axis in ("yaxis", "yaxis2"):
-        layout[axis].update(type="log")
-    title = f"{spec.name}: buckets vs communication_size<br><sup>{len(spec)} arrays, {format_bytes(spec.nbytes)}</sup>"
+        layout[axis].update(title=dict(text="communication_size (MiB)"))
+    notes = []
+    for what, k in (("bucket counts", 0), ("largest buckets", 1)):
+        first, *rest = list(drawn.items()) or [("", ((), ()))]
+        same = [name for name, seen in rest if np.allclose(seen[k], first[1][k], rtol=0 if k == 0 else 0.1)]
+        if same:
+            exact = all(seen[k] == first[1][k] for name, seen in rest if name in same)
+            notes.append(f"{what} of {first[0]} and {', '.join(same)} {'coincide' if exact else 'nearly coincide'}")
+    note = "<br>" + "; ".join(notes) + " (dashed drawn over solid)" if notes else ""
+    title = (f"{spec.name}: buckets vs communication_size<br><sup>{len(spec)} arrays, {format_bytes(spec.nbytes)}"
+             f"{note}</sup>")
+    layout["margin"] = dict(l=60, r=20, t=100 if notes else 80, b=60)
     return figure(traces, layout, title, height)
+
+
+_DASHES, _SYMBOLS = ("solid", "dash", "dot", "dashdot"), ("circle", "x-thin-open", "square-open", "diamond-open")
+
+
+def _decades(values: np.ndarray) -> dict:
+    """A log axis with a labelled tick at each power of ten only, spanning whole decades around ``values``.
+
+    Plotly's own log ticks labelled the minor 2s and 5s too ("2, 100, 9...2"), and a range inside one
+    decade drew no power of ten at all.
+    """
+    values = values[values > 0]
+    lo, hi = np.log10(values.min()) - 0.12, np.log10(values.max()) + 0.12
+    if int(np.floor(hi)) - int(np.ceil(lo)) < 1:  # fewer than two powers of ten inside: widen to whole decades
+        lo, hi = np.floor(lo), max(np.ceil(hi), np.floor(lo) + 1)
+    ticks = [10.0**e for e in range(int(np.ceil(lo)), int(np.floor(hi)) + 1)]
+    return dict(type="log", range=[float(lo), float(hi)], tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
 def fig_padding_vs_shards(bucket_plan: BucketPlan, num_shards_list: Iterable[int], *, height: int = 380) -> go.Figure:
