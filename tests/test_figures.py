@@ -387,3 +387,50 @@ def test_figures_at_1024_are_small_valid_and_deterministic(big):
         assert build().to_json() == text, name  # deterministic
         assert json.loads(go.Figure(fig.to_dict()).to_json()) == json.loads(text), name  # valid plotly
         assert fig.layout.template.layout.plot_bgcolor == "white" and fig.layout.height, name
+
+
+def test_shard_map_legend_names_every_array_of_the_bucket(big):
+    """Issue 18: no legend said which array was which (hover was the only way)."""
+    _, bp, plans = big
+    b = 2  # k_proj + v_proj
+    fig = fig_shard_map({"row": plans["row"], "flat": plans["flat"]}, bucket=b)
+    listed = [t.name for t in fig.data if t.showlegend is not False and t.name != "padding"]
+    assert listed == [bp.spec.params[i].path for i in bp.bucket(b)]
+    for t in fig.data:  # every segment's colour is its legend entry's
+        if t.name != "padding":
+            assert {row[0] for row in t.customdata} <= set(t.name.split(": ")[-1].split(" … ")) | {t.name}
+    many = plan_buckets(small_spec(), 10**9)  # one bucket of 15 arrays: 9 legend groups of consecutive arrays
+    fig = fig_shard_map({"row": plan_shards(many, 2, "row", pad_rows=True)}, bucket=0)
+    entries = [t.name for t in fig.data if t.name != "padding"]
+    assert len(entries) == shard_map.MAX_ARRAY_GROUPS and all(": " in e or "." in e for e in entries)
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.title.text == "arrays of the bucket:"
+
+
+def test_shard_map_draws_the_picked_rank_whatever_n(big):
+    """Issue 18: at N = 1024 only ranks 0-7 and 1016-1023 could be seen."""
+    _, bp, plans = big
+    fig = fig_shard_map({"row": plans["row"], "flat": plans["flat"]}, bucket=2, rank=517)
+    ticks = list(fig.layout.yaxis.ticktext)
+    assert ticks == [str(r) for r in range(8)] + ["<b>517</b>"] + [str(r) for r in range(1016, 1024)]
+    assert "ranks 0–7, 517 and 1016–1023 of 1024 shown" in fig.layout.title.text
+    assert [s.name for s in fig.layout.shapes] == ["hidden ranks"] * 4  # above and below 517, in both subplots
+    for subplot, plan in enumerate((plans["row"], plans["flat"])):
+        real, _ = shard_segments(fig, subplot)
+        assert [seg[:3] for seg in real[517]] == [(s.path, s.start, s.stop) for s in plan.rank_slices(517, 2)]
+    with pytest.raises(ValueError, match="rank 1024 is out of range"):
+        fig_shard_map({"row": plans["row"]}, bucket=2, rank=1024)
+
+
+def test_rank_inspector_lists_every_slice_with_its_bytes(big):
+    from workbench.views.rank_inspector import rank_inspector_html, rank_slices_table
+
+    _, bp, plans = big
+    for layout, plan in plans.items():
+        table = rank_slices_table(plan, 517)
+        want = [(s.bucket, s.path, s.start, s.stop) for s in plan.rank_slices(517) if s.stop > s.start]
+        assert list(table[["bucket", "array", "start", "stop"]].itertuples(index=False, name=None)) == want
+        assert int(table.bytes.sum()) == int(plan.rank_owned_bytes[517]), layout
+        page = rank_inspector_html(plan, 517)
+        assert page.count("<tr>") == len(table) + 1 and f"rank 517 of 1024 ({layout})" in page
+    with pytest.raises(ValueError, match="rank 2048"):
+        rank_slices_table(plans["row"], 2048)

@@ -36,11 +36,35 @@ MAX_RANK_BINS = 64
 MAX_SEGMENTS_PER_RANK = 256
 
 
-def _shown_ranks(num_shards: int) -> np.ndarray:
+#: Legend entries of arrays in a shard map; beyond this, consecutive arrays share an entry and colour.
+MAX_ARRAY_GROUPS = len(PARAM_COLORS)
+
+
+def _shown_ranks(num_shards: int, rank: int | None = None) -> np.ndarray:
+    """The first and last half of :data:`MAX_RANKS_SHOWN` ranks (all when N is that small), plus ``rank``."""
     if num_shards <= MAX_RANKS_SHOWN:
-        return np.arange(num_shards)
-    half = MAX_RANKS_SHOWN // 2
-    return np.concatenate([np.arange(half), np.arange(num_shards - half, num_shards)])
+        shown = np.arange(num_shards)
+    else:
+        half = MAX_RANKS_SHOWN // 2
+        shown = np.concatenate([np.arange(half), np.arange(num_shards - half, num_shards)])
+    if rank is not None:
+        if not 0 <= rank < num_shards:
+            raise ValueError(f"rank {rank} is out of range for num_shards={num_shards}.")
+        shown = np.union1d(shown, [rank])
+    return shown
+
+
+def _spans(ranks: np.ndarray) -> str:
+    """``0–7, 517 and 1016–1023``: runs of consecutive ranks."""
+    runs = np.split(ranks, np.flatnonzero(np.diff(ranks) > 1) + 1)
+    parts = [f"{r[0]}–{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs]
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+
+
+def _array_groups(num_arrays: int) -> np.ndarray:
+    """The legend group of each array of a bucket: consecutive arrays, at most :data:`MAX_ARRAY_GROUPS` groups."""
+    groups = min(num_arrays, MAX_ARRAY_GROUPS)
+    return np.arange(num_arrays) * groups // max(num_arrays, 1)
 
 
 def _rank_edges(num_shards: int) -> np.ndarray:
@@ -85,22 +109,26 @@ def _merge_pieces(pieces: list, group: int) -> list:
     return out
 
 
-def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, height: int | None = None) -> go.Figure:
+def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int | None = None,
+                  height: int | None = None) -> go.Figure:
     """Who owns which elements of one bucket, one subplot per plan, side by side.
 
     y is the rank, x the element offset in that rank's local shard buffer of the
-    bucket; segments are coloured by parameter (hover: path, its elements
-    ``[start, stop)``, the local offsets) and padding is grey. With N >
+    bucket; segments are coloured by array, and the legend names them (one entry per
+    array, or per run of consecutive arrays past :data:`MAX_ARRAY_GROUPS`; hover: path,
+    its elements ``[start, stop)``, the local offsets); padding is grey. With N >
     :data:`MAX_RANKS_SHOWN` only the first and last half of that many ranks are
-    drawn, labelled with their rank and split by a dotted line; the title says so.
+    drawn, plus ``rank``, each gap marked by a dotted line (shapes named ``"hidden ranks"``).
 
     Args:
         plans: ``{label: ShardPlan}``, typically row and flat of one bucket plan.
         bucket: Bucket index, valid in every plan.
+        rank: A rank to draw whatever N (its tick is bold); see also
+            :func:`workbench.views.rank_inspector.rank_slices_table`.
         height: Figure height in pixels (default: from the number of ranks drawn).
 
     Raises:
-        ValueError: on no plans or a bucket index out of range (named with the plan).
+        ValueError: on no plans, a bucket index or rank out of range (named with the plan).
     """
     if not plans:
         raise ValueError("fig_shard_map needs at least one plan.")
@@ -111,50 +139,62 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, height: in
                                                   if p.layout != "greedy" else "whole arrays per rank")
               for label, p in plans.items()]
     layout, refs = subplot_grid(1, len(plans), titles)
-    traces, shapes, notes, max_shown = [], [], [], 1
+    bp = next(iter(plans.values())).buckets
+    arrays = bp.bucket(bucket)
+    group_of = _array_groups(len(arrays))
+    group_paths = [[bp.spec.params[i].path for i, g in zip(arrays, group_of) if g == k] for k in range(group_of.max() + 1)]
+    traces, shapes, notes, max_shown, in_legend = [], [], [], 1, set()
     for (label, plan), (xref, yref) in zip(plans.items(), refs):
-        ranks = _shown_ranks(plan.num_shards)
+        ranks = _shown_ranks(plan.num_shards, rank)
         max_shown = max(max_shown, len(ranks))
         real, pad = [], []
-        for y, rank in enumerate(ranks.tolist()):
-            pieces, padding = _rank_segments(plan, bucket, rank)
+        for y, r in enumerate(ranks.tolist()):
+            pieces, padding = _rank_segments(plan, bucket, r)
             if len(pieces) > MAX_SEGMENTS_PER_RANK:
                 group = -(-len(pieces) // MAX_SEGMENTS_PER_RANK)
                 notes.append(f"{label}: arrays merged in groups of {group}")
                 pieces = _merge_pieces(pieces, group)
-            real += [(y, rank, *p) for p in pieces]
-            pad += [(y, rank, lo, hi) for lo, hi in padding]
-        if real:
-            y, rank, k, path, a, z, lo, hi = zip(*real)
+            real += [(y, r, *p) for p in pieces]
+            pad += [(y, r, lo, hi) for lo, hi in padding]
+        for g, paths in enumerate(group_paths):
+            mine = [row for row in real if group_of[row[2]] == g]
+            if not mine:
+                continue
+            y, r, k, path, a, z, lo, hi = zip(*mine)
             lo, hi = np.array(lo, np.int64), np.array(hi, np.int64)
             traces.append(dict(
-                type="bar", orientation="h", y=np.array(y), x=hi - lo, base=lo, name=f"{label} arrays",
-                xaxis=xref, yaxis=yref, showlegend=False, width=0.8,
-                marker=dict(color=[PARAM_COLORS[i % len(PARAM_COLORS)] for i in k], line=dict(width=0)),
-                customdata=np.array(list(zip(path, a, z, lo.tolist(), hi.tolist(), rank)), dtype=object),
+                type="bar", orientation="h", y=np.array(y), x=hi - lo, base=lo, name=path_span(paths),
+                legendgroup=f"arrays {g}", showlegend=g not in in_legend, xaxis=xref, yaxis=yref, width=0.8,
+                marker=dict(color=PARAM_COLORS[g], line=dict(width=0.5, color="white")),
+                customdata=np.array(list(zip(path, a, z, lo.tolist(), hi.tolist(), r)), dtype=object),
                 hovertemplate="rank %{customdata[5]}<br>%{customdata[0]}<br>elements [%{customdata[1]}, %{customdata[2]})"
-                              "<br>local [%{customdata[3]}, %{customdata[4]})<extra></extra>",
+                              f"<br>local [%{{customdata[3]}}, %{{customdata[4]}})<extra>{label}</extra>",
             ))
+            in_legend.add(g)
         if pad:
-            y, rank, lo, hi = (np.array(c, np.int64) for c in zip(*pad))
+            y, r, lo, hi = (np.array(c, np.int64) for c in zip(*pad))
             traces.append(dict(
                 type="bar", orientation="h", y=y, x=hi - lo, base=lo, name="padding", legendgroup="padding",
                 xaxis=xref, yaxis=yref, width=0.8, showlegend=not any(t["name"] == "padding" for t in traces),
-                marker=dict(color=PADDING_COLOR, line=dict(width=0)), customdata=np.stack([lo, hi, rank], axis=1),
+                marker=dict(color=PADDING_COLOR, line=dict(width=0)), customdata=np.stack([lo, hi, r], axis=1),
                 hovertemplate="rank %{customdata[2]}<br>padding, local [%{customdata[0]}, %{customdata[1]})<extra></extra>",
             ))
         axis = "yaxis" + yref[1:]
-        layout[axis].update(tickvals=list(range(len(ranks))), ticktext=[str(r) for r in ranks], autorange="reversed")
+        layout[axis].update(tickvals=list(range(len(ranks))), autorange="reversed",
+                            ticktext=[f"<b>{r}</b>" if r == rank else str(r) for r in ranks.tolist()])
         layout["xaxis" + xref[1:]].update(title=dict(text="element offset in the rank's shard"))
+        for gap in np.flatnonzero(np.diff(ranks) > 1):
+            shapes.append(hline(gap + 0.5, xref, yref, "hidden ranks"))
         if len(ranks) < plan.num_shards:
-            half = len(ranks) // 2
-            shapes.append(hline(half - 0.5, xref, yref, "hidden ranks"))
-            notes.append(f"ranks 0–{half - 1} and {plan.num_shards - half}–{plan.num_shards - 1} of {plan.num_shards} shown")
+            notes.append(f"ranks {_spans(ranks)} of {plan.num_shards} shown (dotted: ranks hidden)")
     layout["yaxis"]["title"] = dict(text="rank")
-    bp = next(iter(plans.values())).buckets
-    title = (f"Bucket {bucket} of {bp.num_buckets}: {len(bp.bucket(bucket))} arrays, "
+    title = (f"Bucket {bucket} of {bp.num_buckets}: {len(arrays)} arrays, "
              f"{format_bytes(bp.bucket_bytes[bucket])}<br><sup>{'; '.join(dict.fromkeys(notes)) or 'all ranks shown'}</sup>")
-    return figure(traces, {**layout, "barmode": "overlay", "shapes": shapes}, title, height or 190 + 24 * max_shown)
+    legend_rows = -(-(len(group_paths) + 1) // 3)  # about three array paths fit a row
+    return figure(traces, {**layout, "barmode": "overlay", "shapes": shapes,
+                           "legend": dict(orientation="h", x=0, xanchor="left", y=-0.1, yanchor="top",
+                                          font=dict(size=11), title=dict(text="arrays of the bucket:", side="top"))},
+                  title, height or 210 + 24 * max_shown + 24 * legend_rows)
 
 
 def fig_rank_load(plans: Mapping[str, ShardPlan], *, height: int | None = None) -> go.Figure:
@@ -202,10 +242,11 @@ def fig_rank_load(plans: Mapping[str, ShardPlan], *, height: int | None = None) 
                     hovertemplate=f"ranks %{{customdata[0]}}–%{{customdata[1]}}<br>{stat} %{{y:.3f}} MiB"
                                   f"<extra>{label}</extra>",
                 ))
-            notes.append(f"{label}: {n} ranks in {len(counts)} bins (bars: bin means; markers: bin min/max)")
+            notes.append(f"{n} ranks in {len(counts)} bins of about {n // len(counts)} (bars: bin means; "
+                         "markers: bin min/max)")
         shapes.append(hline(float(plan.rank_bytes.mean()) / MiB, xref, yref, "mean"))
         layout["yaxis" + yref[1:]].update(title=dict(text="MiB"))
     layout["xaxis" + refs[len(plans) - 1][0][1:]].update(title=dict(text="rank"))
-    title = f"Bytes per rank (owned + padding)<br><sup>{'; '.join(notes) or 'every rank shown'}</sup>"
+    title = f"Bytes per rank (owned + padding)<br><sup>{'<br>'.join(dict.fromkeys(notes)) or 'every rank shown'}</sup>"
     return figure(traces, {**layout, "barmode": "overlay", "bargap": 0, "shapes": shapes}, title,
                    height or 120 + 200 * len(plans))
