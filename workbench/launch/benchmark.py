@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from workbench.core.events import emit
 from workbench.core.strategies import COLLECTIVE_KINDS
-from workbench.launch.engines import EngineFailure, run_on_fresh_ports
+from workbench.launch.engines import EngineFailure
+from workbench.launch.remote import describe_hosts, runner_for
 from workbench.ranks.collective_timing import bench_rank
 from workbench.runs.store import RunStore, run_id_for
 
@@ -59,8 +60,12 @@ def benchmark_spec(framework: str, num_ranks: int, sizes_bytes: Sequence[int] = 
 
 def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks: int = 2, *,
                              sizes_bytes: Sequence[int] = FULL_SIZES, kinds: Sequence[str] = KINDS, iters: int = 5,
-                             timeout_s: float = 900.0, skip_done: bool = True) -> str:
+                             timeout_s: float = 900.0, skip_done: bool = True, hosts=None, launcher: str = "ssh") -> str:
     """Time collectives on ``num_ranks`` real engines and store the result under ``root``.
+
+    With ``hosts`` (a hosts file, see :mod:`workbench.launch.hosts`) the engines run on those hosts,
+    started by ipyparallel's ``launcher``; the spec then carries ``"placement"`` (launcher and the hosts'
+    addresses and slots), so the record is stored beside the loopback one, not in its place.
 
     Returns:
         The run id. A benchmark already stored and done is skipped (its id returned).
@@ -71,6 +76,9 @@ def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks
             is recorded in the store first, naming the rank where known.
     """
     spec = benchmark_spec(framework, num_ranks, sizes_bytes, kinds, iters)
+    runner = runner_for(hosts, launcher)
+    if hosts is not None:
+        spec["placement"] = {"launcher": launcher, "hosts": [[h["address"], h["slots"]] for h in describe_hosts(hosts)]}
     store = RunStore(Path(root))
     label = f"collective benchmark {framework}, {num_ranks} ranks, {len(spec['sizes_bytes'])} sizes"
     if skip_done and store.is_done(spec):
@@ -81,8 +89,8 @@ def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks
     emit("run_start", index=None, runs=None, label=label, steps=None, run_id=handle.run_id)
     t0 = time.monotonic()
     try:
-        ranks = run_on_fresh_ports(num_ranks, framework,
-                                   lambda engines: engines.apply(bench_rank, [(spec,)] * num_ranks, timeout_s=timeout_s))
+        ranks = runner(num_ranks, framework,
+                       lambda engines: engines.apply(bench_rank, [(spec,)] * num_ranks, timeout_s=timeout_s))
     except EngineFailure as err:
         handle.fail(str(err), err.rank)
         emit("run_end", index=None, runs=None, label=label, status="failed", seconds=time.monotonic() - t0,

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from workbench.launch.engines import EngineFailure, EngineRun, run_on_fresh_ports
+from workbench.launch.engines import EngineFailure, EngineRun
+from workbench.launch.remote import runner_for
 from workbench.ranks.entry import train_rank
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore
@@ -63,7 +64,8 @@ def _has_steps(steps_path: Path) -> bool:
 
 def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float = 60.0, startup_timeout_s: float = 180.0,
                  timeout_s: float = 3600.0, progress: Callable[[int], None] | None = None,
-                 on_engines: Callable[[EngineRun], None] | None = None, skip_done: bool = True) -> RunOutcome:
+                 on_engines: Callable[[EngineRun], None] | None = None, skip_done: bool = True,
+                 hosts=None, launcher: str = "ssh") -> RunOutcome:
     """Run ``spec`` on ``spec.num_ranks`` local engines and record it under ``runs_root``.
 
     Args:
@@ -75,10 +77,15 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         progress: Called with the number of steps every rank has finished, as they arrive.
         on_engines: Called with the started engines (tests use it to inject faults).
         skip_done: Return at once if the store already holds this spec, done.
+        hosts: ``None``: engines on this machine. Else a hosts file (its path, or
+            :func:`workbench.launch.hosts.load_hosts`'s result): engines on those hosts, and every
+            rank's result in the record names its host (``"placement"``).
+        launcher: With ``hosts``: ipyparallel's ``"ssh"``, ``"mpi"`` or ``"slurm"`` launcher.
 
     Returns:
         A :class:`RunOutcome`; a failed run is recorded as failed (steps kept), not raised.
     """
+    runner = runner_for(hosts, launcher)  # a bad hosts file or launcher is refused before the record exists
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):
@@ -100,8 +107,7 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
                               timeout_s=timeout_s, on_poll=watchdog, poll_s=0.1), engines.started_s)
 
     try:
-        results, ready_s = run_on_fresh_ports(spec.num_ranks, spec.framework, train,
-                                              may_retry=lambda: not _has_steps(steps_path))
+        results, ready_s = runner(spec.num_ranks, spec.framework, train, may_retry=lambda: not _has_steps(steps_path))
     except EngineFailure as err:
         handle.fail(str(err), err.rank)
         return RunOutcome(handle.run_id, "failed", str(err), err.rank, time.monotonic() - t0)
