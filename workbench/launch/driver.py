@@ -8,21 +8,27 @@ hanging the notebook.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
-from workbench.launch.engines import EngineFailure, EngineRun
+from workbench.launch.engines import EngineFailure, EngineRun, run_on_fresh_ports
 from workbench.launch.remote import runner_for
 from workbench.ranks.entry import train_rank
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore
+from workbench.runs.store import RunStore, run_id_for
 
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What became of a run: ``status`` is "done", "failed" or "skipped" (already done)."""
+    """What became of a run: ``status`` is "done", "failed" or "skipped" (already done).
+
+    ``recovered`` says what the run found and marked failed first: an earlier attempt left running by a
+    driver that died (``"driver died: ..."``), else ``None``.
+    """
 
     run_id: str
     status: str
@@ -30,6 +36,7 @@ class RunOutcome:
     rank: int | None = None
     seconds: float = 0.0
     engines_ready_s: float = 0.0
+    recovered: str | None = None
 
 
 class StepWatchdog:
@@ -62,21 +69,43 @@ def _has_steps(steps_path: Path) -> bool:
     return steps_path.exists() and steps_path.stat().st_size > 0
 
 
+def check_run_knobs(spec: Any, runs_root: Any, **seconds: Any) -> None:
+    """Refuse bad :func:`run_training` arguments before anything starts, naming the one at fault.
+
+    Raises:
+        ValueError: ``spec`` is not a :class:`RunSpec` (a dict: build one with ``RunSpec(**d)``),
+            ``runs_root`` is not a non-empty path, or one of ``seconds`` is not a finite number > 0.
+    """
+    if not isinstance(spec, RunSpec):
+        hint = " (build one with RunSpec(**spec))" if isinstance(spec, Mapping) else ""
+        raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}{hint}.")
+    if not isinstance(runs_root, (str, os.PathLike)) or not os.fspath(runs_root).strip():
+        raise ValueError(f"runs_root={runs_root!r}: must be a non-empty path to the run store's folder.")
+    for name, value in seconds.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}={value!r}: must be a finite number of seconds > 0.")
+
+
 def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float = 60.0, startup_timeout_s: float = 180.0,
                  timeout_s: float = 3600.0, progress: Callable[[int], None] | None = None,
                  on_engines: Callable[[EngineRun], None] | None = None, skip_done: bool = True,
-                 hosts=None, launcher: str = "ssh") -> RunOutcome:
+                 hosts: Any = None, launcher: str = "ssh") -> RunOutcome:
     """Run ``spec`` on ``spec.num_ranks`` local engines and record it under ``runs_root``.
+
+    The run is owned by this process while it runs (:mod:`workbench.runs.lock`); if the driver dies,
+    the engines and controller it started die with it (:mod:`workbench.launch.reaper`), and the next
+    call marks the attempt left running ``"failed"`` (``RunOutcome.recovered`` says so) and redoes it.
 
     Args:
         spec: The run (already validated: a bad spec never reaches an engine).
         runs_root: The run store's folder.
-        step_timeout_s: Longest wait for the next step once the first has finished.
-        startup_timeout_s: Longest wait for the first step (imports, compilation).
-        timeout_s: Longest wait for the whole run.
+        step_timeout_s: Longest wait for the next step once the first has finished, in seconds.
+        startup_timeout_s: Longest wait for the first step (imports, compilation), in seconds.
+        timeout_s: Longest wait for the whole run, in seconds.
         progress: Called with the number of steps every rank has finished, as they arrive.
         on_engines: Called with the started engines (tests use it to inject faults).
-        skip_done: Return at once if the store already holds this spec, done.
+        skip_done: Return at once if the store already holds this spec, done. ``False`` redoes a done
+            run: its attempt moves to ``<run>/attempts/<n>/`` and a fresh one starts.
         hosts: ``None``: engines on this machine. Else a hosts file (its path, or
             :func:`workbench.launch.hosts.load_hosts`'s result): engines on those hosts, and every
             rank's result in the record names its host (``"placement"``).
@@ -84,20 +113,38 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
 
     Returns:
         A :class:`RunOutcome`; a failed run is recorded as failed (steps kept), not raised.
+
+    Raises:
+        ValueError: a bad argument (named), before anything starts.
+        RunLocked: another live process is running this spec on this store (named by pid).
     """
+    check_run_knobs(spec, runs_root, step_timeout_s=step_timeout_s, startup_timeout_s=startup_timeout_s,
+                    timeout_s=timeout_s)
+    for name, fn in (("progress", progress), ("on_engines", on_engines)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{name}={fn!r}: must be callable or None.")
     runner = runner_for(hosts, launcher)  # a bad hosts file or launcher is refused before the record exists
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):
-        from workbench.runs.store import run_id_for
-
         return RunOutcome(run_id_for(spec_dict), "skipped")
     from workbench.runs.estimate import estimate_run_memory
 
-    handle = store.create(spec_dict, meta={"backend": "ring" if spec.framework == "mlx" else "gloo",
-                                           "memory_estimate": estimate_run_memory(spec).as_dict()})
+    backend = "none" if spec.num_ranks == 1 and spec.framework == "mlx" else "ring" if spec.framework == "mlx" else "gloo"
+    handle = store.create(spec_dict, meta={"backend": backend, "memory_estimate": estimate_run_memory(spec).as_dict()},
+                          overwrite=not skip_done)
+    try:
+        return _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, timeout_s, progress, on_engines,
+                    runner)
+    finally:
+        handle.release()
+
+
+def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, timeout_s, progress, on_engines,
+         runner=run_on_fresh_ports) -> RunOutcome:
     t0 = time.monotonic()
     steps_path = handle.folder / "steps.jsonl"
+    recovered = handle.recovered
 
     def train(engines: EngineRun) -> tuple[list, float]:
         if on_engines is not None:
@@ -110,9 +157,9 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         results, ready_s = runner(spec.num_ranks, spec.framework, train, may_retry=lambda: not _has_steps(steps_path))
     except EngineFailure as err:
         handle.fail(str(err), err.rank)
-        return RunOutcome(handle.run_id, "failed", str(err), err.rank, time.monotonic() - t0)
+        return RunOutcome(handle.run_id, "failed", str(err), err.rank, time.monotonic() - t0, recovered=recovered)
     except BaseException as err:  # interrupted: recorded, then re-raised
         handle.fail(f"{type(err).__name__}: {err}", None)
         raise
     handle.finish({"ranks": results, "engines_ready_s": ready_s})
-    return RunOutcome(handle.run_id, "done", seconds=time.monotonic() - t0, engines_ready_s=ready_s)
+    return RunOutcome(handle.run_id, "done", seconds=time.monotonic() - t0, engines_ready_s=ready_s, recovered=recovered)

@@ -4,7 +4,8 @@
 ``ipyparallel.Cluster`` whose engine ``r`` carries rank ``r``'s environment (the MLX
 ring hostfile, the JAX coordinator), bound to loopback by default. :class:`EngineRun` is a
 context manager: the engines are stopped when the run ends, fails, or the cell is
-interrupted, so no engine outlives it. Engines return plain data, never live arrays.
+interrupted, so no engine outlives it; if the driver itself is killed, a reaper process
+(:mod:`workbench.launch.reaper`) kills them and the controller. Engines return plain data, never live arrays.
 
 For more than one machine, pass ipyparallel's own launchers through
 ``engine_launcher_class`` (``"mpi"``, ``"ssh"``, ``"slurm"``) and their settings through
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.launch.plan import LaunchPlan, plan_launch
+from workbench.launch.reaper import Reaper, start_reaper
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -55,6 +57,7 @@ class EngineRun:
     _tmp: Any = field(default=None, repr=False)
     started_s: float = 0.0
     launchers: dict[int, Any] = field(default_factory=dict, repr=False)  # rank -> ipyparallel engine launcher
+    reaper: Reaper | None = field(default=None, repr=False)  # kills all of it if the driver dies
 
     def output_tail(self, rank: int, chars: int = 1500) -> str:
         """The last ``chars`` of rank ``rank``'s engine output (its log, colour codes removed): why
@@ -141,6 +144,8 @@ class EngineRun:
             pass
         if self._tmp is not None:
             self._tmp.cleanup()
+        if self.reaper is not None:
+            self.reaper.release()
 
 
 def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_class: str = "local",
@@ -169,15 +174,22 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
     workdir.mkdir(parents=True, exist_ok=True)
     extra_env = plan.write_files(workdir)
     cluster_kwargs.setdefault("controller_args", list(FAST_HEARTBEAT))
+    cluster_kwargs.setdefault("cluster_id", f"{CLUSTER_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
     cluster = ipp.Cluster(n=0, controller_ip=plan.host, log_level=logging.ERROR,
                           engine_launcher_class=engine_launcher_class, **cluster_kwargs)
-    run = EngineRun(plan, cluster, None, {}, {}, workdir, tmp)
+    remove_stale_cluster_files(Path(cluster.cluster_file).parent)
+    run = EngineRun(plan, cluster, None, {}, {}, workdir, tmp, reaper=start_reaper())
     try:
+        run.reaper.remove_on_death(cluster.cluster_file)
         cluster.start_controller_sync()
+        run.reaper.watch(cluster.controller.pid)
         for r in range(plan.num_ranks):
             before = set(cluster.engines)
             cluster.start_engines_sync(n=1, environment={**extra_env, **plan.rank_env[r], "WORKBENCH_RANK": str(r)})
             run.launchers.update({r: cluster.engines[key] for key in set(cluster.engines) - before})
+            for sub in run.launchers[r].launchers.values():
+                if isinstance(getattr(sub, "pid", None), int) and sub.pid > 0 and engine_launcher_class == "local":
+                    run.reaper.watch(sub.pid)
         run.client = cluster.connect_client_sync()
         run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s)
         deadline = t0 + timeout_s
@@ -194,6 +206,36 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         raise EngineFailure(f"engines did not start: {err}", None) from err
     run.started_s = time.monotonic() - t0
     return run
+
+
+#: Prefix of the ipyparallel cluster ids (and so ``cluster-<id>.json`` files) this module starts.
+CLUSTER_PREFIX = "workbench-"
+
+
+def remove_stale_cluster_files(security_dir: Path) -> list[Path]:
+    """Remove this module's ``cluster-workbench-*.json`` files whose controller process is gone.
+
+    A driver killed before its reaper could act (or before it registered the controller) leaves its
+    cluster file marked running; the next start removes it. Files of other clusters are left alone.
+
+    Returns:
+        The files removed.
+    """
+    import json
+
+    import psutil
+
+    removed = []
+    for path in sorted(Path(security_dir).glob(f"cluster-{CLUSTER_PREFIX}*.json")):
+        try:
+            pid = json.loads(path.read_text())["controller"]["state"]["pid"]
+            alive = psutil.pid_exists(pid) and "ipyparallel" in " ".join(psutil.Process(pid).cmdline())
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            alive = False  # unreadable, or its controller vanished while we looked
+        if not alive:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 #: Launches tried when a rank cannot bind its rendezvous port (taken between the pick and the bind).

@@ -48,8 +48,9 @@ class LaunchPlan:
 
     @property
     def hostfile(self) -> list[list[str]] | None:
-        """MLX ring hostfile content: one ``["ip:port"]`` entry per rank."""
-        if self.framework == "mlx" and self.backend == "ring":
+        """MLX ring hostfile content: one ``["ip:port"]`` entry per rank; ``None`` for one rank, which
+        needs no backend (a one-entry ring waits 30 s for a peer, then fails: "[ring] Couldn't connect")."""
+        if self.framework == "mlx" and self.backend == "ring" and self.num_ranks > 1:
             return [[f"{self.host}:{p}"] for p in self.ports]
         return None
 

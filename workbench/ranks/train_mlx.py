@@ -33,7 +33,12 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     from workbench.models.init import init_lm_params
     from workbench.models.mlx_lm import MLXLM, lm_loss, load_params
 
-    group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
+    backend = os.environ.get("WORKBENCH_BACKEND", "ring") if spec.num_ranks > 1 else "none"
+    if spec.num_ranks == 1:  # no peers, no backend: MLX's group of one (a ring of one waits for a peer)
+        os.environ.pop("MLX_HOSTFILE", None)
+        group = mx.distributed.init(strict=False)
+    else:
+        group = mx.distributed.init(backend=backend, strict=True)
     rank, size = group.rank(), group.size()
     cfg = spec.config
     model = MLXLM(cfg)
@@ -70,7 +75,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
         }])
     report = trainer.report
     params = trainer.model.parameters()  # under fsdp-full: this rank's rows
-    return {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "ring"),
+    return {"rank": rank, "backend": backend,
             "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": can_split_groups(group)},
             "collective_path": report.get("reduce_scatter_transport") or "all_reduce",
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
