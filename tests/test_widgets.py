@@ -31,7 +31,7 @@ def llama70b_like() -> ModelSpec:
 
 
 def buckets_shown(explorer) -> int:
-    return len({int(x) for t in explorer.figures["bucket_layout"].data for x in t.x})
+    return len({int(x) for t in explorer.figures["bucket_layout"].data if t.type == "bar" for x in t.x})
 
 
 def snapshot(explorer) -> dict:
@@ -59,7 +59,8 @@ def figure_json(fig) -> dict:
 
 def test_explorer_exposes_controls_figures_status():
     explorer = build_layout_explorer()  # tiny-llama preset, 32 MiB, N=8, row, mlx
-    assert set(explorer.controls) == {"model", "policy", "communication_size", "num_shards", "layout", "pad_rows", "bucket"}
+    assert set(explorer.controls) == {"model", "policy", "communication_size", "num_shards", "layout", "pad_rows", "bucket",
+                                      "rank", "link"}
     assert set(explorer.figures) == set(FIGURES)
     assert "Error" not in explorer.status.value and "tiny-llama" in explorer.status.value
     assert explorer.controls["communication_size"].value == 32 * MiB and explorer.controls["num_shards"].value == 8
@@ -159,7 +160,7 @@ def test_indivisible_row_layout_shows_the_error_and_keeps_the_figures():
     assert not explorer.figures["rank_load"].layout.yaxis3.to_plotly_json()
     shown, want = (figure_json(f)["layout"] for f in (explorer.figures["rank_load"], fig_rank_load(explorer.shard_plans)))
     assert {key: value for key, value in shown.items() if key in want} == want
-    assert all(not value for key, value in shown.items() if key not in want)
+    assert all(not value for key, value in shown.items() if key not in want and key != "width")  # width: the explorer's
 
 
 def test_model_dropdown_lists_the_given_spec_and_presets():
@@ -191,3 +192,67 @@ def test_update_at_1024_ranks_on_a_70b_like_model_aggregates_ranks():
     assert "Error" not in explorer.status.value
     assert explorer.update()
     assert "1024" in explorer.figures["shard_map"].layout.title.text
+
+
+def test_rank_picker_draws_and_inspects_any_rank():
+    """Issue 18: at N = 1024 no rank but 0-7 and 1016-1023 could be inspected."""
+    from workbench.views.rank_inspector import rank_inspector_html
+
+    explorer = build_layout_explorer("qwen3-4b", communication_size=64 * MiB, num_shards=1024, pad_rows=True)
+    rank = explorer.controls["rank"]
+    assert rank.max == 1023 and type(rank).__name__ == "BoundedIntText"
+    rank.value = 517
+    assert "<b>517</b>" in explorer.figures["shard_map"].layout.yaxis.ticktext
+    assert explorer.inspector.value == rank_inspector_html(explorer.shard_plans["row"], 517)
+    explorer.controls["num_shards"].value = 8  # the rank clamps to the new N
+    assert rank.value == 7 and rank.max == 7 and "rank 7 of 8" in explorer.inspector.value
+
+
+def test_bucket_control_is_a_typed_field_and_the_toggle_fits_one_line():
+    """Issue 18: a 77 px slider track for up to 802 buckets; the layout toggle wrapped "greedy" alone."""
+    from workbench.views.widgets import FIGURE_WIDTH
+
+    explorer = build_layout_explorer("mixtral-8x7b", communication_size=32 * MiB)
+    bucket = explorer.controls["bucket"]
+    assert type(bucket).__name__ == "BoundedIntText" and bucket.max == explorer.bucket_plan.num_buckets - 1 > 800
+    bucket.value = 801
+    assert explorer.figures["shard_map"].layout.title.text.startswith("Bucket 801 of")
+    toggle = explorer.controls["layout"]
+    assert toggle.style.button_width == "72px" and 3 * 72 + 60 < 440  # three buttons and the label in one row
+    assert all(fw.layout.width == FIGURE_WIDTH for name, fw in explorer.figures.items() if name != "metrics")
+    assert explorer.figures["metrics"].layout.width <= FIGURE_WIDTH
+
+
+def test_code_line_reproduces_the_view():
+    """'Copy these settings as code': the call shown rebuilds the same figures."""
+    explorer = build_layout_explorer("llama-3-8b", communication_size=16 * MiB, num_shards=64)
+    explorer.controls["layout"].value = "flat"
+    explorer.controls["bucket"].value = 5
+    explorer.controls["rank"].value = 40
+    line = explorer.code_line()
+    assert line == ("build_layout_explorer('llama-3-8b', communication_size=16 * MiB, num_shards=64, layout='flat', "
+                    "policy='mlx', pad_rows=False, bucket=5, rank=40)")
+    assert line in explorer.code.value.replace("&#x27;", "'")
+    again = eval(line, {"build_layout_explorer": build_layout_explorer, "MiB": MiB})
+    assert snapshot(again) == snapshot(explorer)
+    spec = medium_spec()
+    given = build_layout_explorer(spec, communication_size=MiB, num_shards=4)  # a user's ModelSpec
+    assert given.code_line().startswith("build_layout_explorer(spec, communication_size=1 * MiB")
+    assert snapshot(eval(given.code_line(), {"build_layout_explorer": build_layout_explorer, "MiB": MiB,
+                                             "spec": spec})) == snapshot(given)
+
+
+def test_cost_line_is_the_communication_model():
+    """Cost beside layout: predicted collectives and time from estimate_comm on the chosen link."""
+    from workbench.estimate.comm import estimate_comm
+    from workbench.views.widgets import LINKS
+
+    explorer = build_layout_explorer("llama-3-8b", communication_size=32 * MiB, num_shards=8)
+    for link in LINKS:
+        explorer.controls["link"].value = link
+        comm = estimate_comm(explorer.shard_plans["row"], "fsdp")
+        assert f"{comm.num_collectives} collectives per step" in explorer.cost.value
+        assert f"about {comm.predict_s(LINKS[link]) * 1e3:.1f} ms" in explorer.cost.value
+    explorer.controls["layout"].value = "greedy"
+    comm = estimate_comm(explorer.shard_plans["greedy"], "zero1")
+    assert explorer.cost.value.startswith("cost (zero1, ") and f"{comm.num_collectives} collectives" in explorer.cost.value

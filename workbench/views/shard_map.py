@@ -123,7 +123,7 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int 
     Args:
         plans: ``{label: ShardPlan}``, typically row and flat of one bucket plan.
         bucket: Bucket index, valid in every plan.
-        rank: A rank to draw whatever N (its tick is bold); see also
+        rank: A rank to draw whatever N (bold when it would be hidden); see also
             :func:`workbench.views.rank_inspector.rank_slices_table`.
         height: Figure height in pixels (default: from the number of ranks drawn).
 
@@ -145,7 +145,7 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int 
     group_paths = [[bp.spec.params[i].path for i, g in zip(arrays, group_of) if g == k] for k in range(group_of.max() + 1)]
     traces, shapes, notes, max_shown, in_legend = [], [], [], 1, set()
     for (label, plan), (xref, yref) in zip(plans.items(), refs):
-        ranks = _shown_ranks(plan.num_shards, rank)
+        ranks, usual = _shown_ranks(plan.num_shards, rank), set(_shown_ranks(plan.num_shards).tolist())
         max_shown = max(max_shown, len(ranks))
         real, pad = [], []
         for y, r in enumerate(ranks.tolist()):
@@ -181,7 +181,7 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int 
             ))
         axis = "yaxis" + yref[1:]
         layout[axis].update(tickvals=list(range(len(ranks))), autorange="reversed",
-                            ticktext=[f"<b>{r}</b>" if r == rank else str(r) for r in ranks.tolist()])
+                            ticktext=[f"<b>{r}</b>" if r == rank and r not in usual else str(r) for r in ranks.tolist()])
         layout["xaxis" + xref[1:]].update(title=dict(text="element offset in the rank's shard"))
         for gap in np.flatnonzero(np.diff(ranks) > 1):
             shapes.append(hline(gap + 0.5, xref, yref, "hidden ranks"))

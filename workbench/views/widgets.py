@@ -18,7 +18,9 @@ from workbench.core.buckets import POLICIES, BucketPlan, plan_buckets
 from workbench.core.shards import LAYOUTS, ShardPlan, plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
+from workbench.estimate.comm import AlphaBeta, estimate_comm
 from workbench.views.plans import fig_bucket_layout, fig_layout_metrics
+from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
 from workbench.views.style import TEMPLATE, update_figure_widget
 
@@ -28,6 +30,13 @@ COMMUNICATION_SIZES = (0,) + tuple(2**k * MiB for k in range(9))
 NUM_SHARDS = tuple(2**k for k in range(11))
 #: The FigureWidgets of an explorer, by name.
 FIGURES = ("bucket_layout", "shard_map", "metrics", "rank_load")
+#: Width of an explorer's figures in pixels: JupyterLab's output area at a 1400 px window is 968 px, and
+#: a FigureWidget drawn before it is attached otherwise keeps plotly's default 700 px.
+FIGURE_WIDTH = 940
+#: Links the cost line can assume (Hockney alpha-beta: latency per ring step, bandwidth per rank). These are
+#: round, typical figures, not measurements: fit your own with :func:`workbench.estimate.comm.fit_alpha_beta`.
+LINKS = {"NVLink (5 µs, 100 GB/s)": AlphaBeta(5e-6, 100e9), "InfiniBand 200 Gb/s (10 µs, 20 GB/s)": AlphaBeta(10e-6, 20e9),
+         "Ethernet 10 Gb/s (50 µs, 1.1 GB/s)": AlphaBeta(50e-6, 1.1e9)}
 
 
 def _size_label(num_bytes: int) -> str:
@@ -37,19 +46,24 @@ def _size_label(num_bytes: int) -> str:
 
 
 class LayoutExplorer(widgets.VBox):
-    """Controls, figures and a status line; see :func:`build_layout_explorer`.
+    """Controls, figures, a rank inspector, a cost line and the code of the current view; see
+    :func:`build_layout_explorer`.
 
     Attributes:
         controls: ``{name: widget}``: ``model``, ``communication_size`` (bytes),
-            ``num_shards``, ``layout``, ``pad_rows``, ``policy``, ``bucket``.
+            ``num_shards``, ``layout``, ``pad_rows``, ``policy``, ``bucket``, ``rank``, ``link``.
         figures: ``{name: FigureWidget}`` for :data:`FIGURES`.
         status: An HTML line: the current plan, or the error that kept the last figures.
+        cost: An HTML line: collectives per step and their predicted time on the chosen link
+            (:func:`~workbench.estimate.comm.estimate_comm`), beside the bytes.
+        inspector: HTML: every slice the chosen rank holds (:mod:`workbench.views.rank_inspector`).
+        code: HTML: the one call that reproduces this view.
         bucket_plan: The bucket plan on screen (``None`` before the first success).
         shard_plans: ``{layout: ShardPlan}`` on screen, the chosen layout first.
     """
 
     def __init__(self, spec_or_preset: ModelSpec | str, communication_size: int, num_shards: int, layout: str,
-                 policy: str) -> None:
+                 policy: str, pad_rows: bool = False, bucket: int = 0, rank: int = 0) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"Unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}.")
         if policy not in POLICIES:
@@ -58,6 +72,9 @@ class LayoutExplorer(widgets.VBox):
             raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}.")
         if isinstance(communication_size, bool) or not isinstance(communication_size, int) or communication_size < 0:
             raise ValueError(f"communication_size must be an integer number of bytes >= 0, got {communication_size!r}.")
+        for name, value in (("bucket", bucket), ("rank", rank)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
         super().__init__()
         from workbench.core import presets
 
@@ -75,30 +92,41 @@ class LayoutExplorer(widgets.VBox):
             "policy": widgets.Dropdown(options=list(POLICIES), value=policy, description="policy", **wide),
             "communication_size": widgets.SelectionSlider(
                 options=[(_size_label(s), s) for s in sizes], value=communication_size,
-                description="communication_size", continuous_update=False, layout=widgets.Layout(width="420px"), **wide),
+                description="communication_size", continuous_update=False, layout=widgets.Layout(width="440px"), **wide),
             "num_shards": widgets.SelectionSlider(
                 options=[(str(n), n) for n in shards], value=num_shards, description="num_shards (N)",
-                continuous_update=False, layout=widgets.Layout(width="420px"), **wide),
-            "layout": widgets.ToggleButtons(options=list(LAYOUTS), value=layout, description="layout", **wide),
-            "pad_rows": widgets.Checkbox(value=False, description="pad_rows (row layout)", indent=False),
-            "bucket": widgets.IntSlider(value=0, min=0, max=0, description="bucket (shard map)",
-                                        continuous_update=False, **wide),
+                continuous_update=False, layout=widgets.Layout(width="440px"), **wide),
+            # Three fixed-width buttons on one line (they wrapped, leaving "greedy" alone on a row).
+            "layout": widgets.ToggleButtons(options=list(LAYOUTS), value=layout, description="layout",
+                                            style={"description_width": "initial", "button_width": "72px"},
+                                            layout=widgets.Layout(width="auto", flex="0 0 auto")),
+            "pad_rows": widgets.Checkbox(value=pad_rows, description="pad_rows (row layout)", indent=False),
+            # Typed fields: a slider's 77 px track could not pick one of 800 buckets or 1024 ranks.
+            "bucket": widgets.BoundedIntText(value=0, min=0, max=0, step=1, description="bucket (shard map)",
+                                             layout=widgets.Layout(width="220px", margin="2px 16px 2px 0"), **wide),
+            "rank": widgets.BoundedIntText(value=0, min=0, max=0, step=1, description="rank (inspector)",
+                                           layout=widgets.Layout(width="220px", margin="2px 16px 2px 0"), **wide),
+            "link": widgets.Dropdown(options=list(LINKS), value=next(iter(LINKS)), description="link (cost)",
+                                     layout=widgets.Layout(width="360px"), **wide),
         }
         self.figures: dict[str, go.FigureWidget] = {
-            name: go.FigureWidget(layout=dict(template=TEMPLATE)) for name in FIGURES
+            name: go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH)) for name in FIGURES
         }
-        self.status = widgets.HTML()
+        self.status, self.cost, self.inspector, self.code = (widgets.HTML() for _ in range(4))
         self.bucket_plan: BucketPlan | None = None
         self.shard_plans: dict[str, ShardPlan] = {}
         self._layout_keys: dict[str, set[str]] = {name: set() for name in FIGURES}
         self._syncing = False
+        self._wanted = dict(bucket=bucket, rank=rank)
         c = self.controls
         self.children = [
-            widgets.HBox([c["model"], c["policy"], c["layout"]]),
+            widgets.HBox([c["model"], c["policy"]]),
+            widgets.HBox([c["layout"], c["pad_rows"]], layout=widgets.Layout(align_items="center")),
             widgets.HBox([c["communication_size"], c["num_shards"]]),
-            widgets.HBox([c["bucket"], c["pad_rows"]]),
-            self.status,
-            *(self.figures[name] for name in FIGURES),
+            widgets.HBox([c["bucket"], c["rank"], c["link"]]),
+            self.status, self.cost, self.code,
+            *(self.figures[name] for name in FIGURES[:2]), self.inspector,
+            *(self.figures[name] for name in FIGURES[2:]),
         ]
         for control in c.values():
             control.observe(self._on_change, names="value")
@@ -132,6 +160,16 @@ class LayoutExplorer(widgets.VBox):
                 notes.append(f"{name} not shown: {err}")
         return plans, notes
 
+    def code_line(self) -> str:
+        """The call that reproduces this view (a given spec is named ``spec``)."""
+        v = {name: control.value for name, control in self.controls.items()}
+        model = "spec" if isinstance(v["model"], ModelSpec) else repr(v["model"])
+        size = v["communication_size"]
+        size_text = f"{size // MiB} * MiB" if size and size % MiB == 0 else str(size)
+        return (f"build_layout_explorer({model}, communication_size={size_text}, num_shards={v['num_shards']}, "
+                f"layout={v['layout']!r}, policy={v['policy']!r}, pad_rows={v['pad_rows']}, bucket={v['bucket']}, "
+                f"rank={v['rank']})")
+
     def update(self) -> bool:
         """Recompute the plans and every figure from the controls.
 
@@ -141,37 +179,53 @@ class LayoutExplorer(widgets.VBox):
             the last valid settings, and the result is ``False``.
         """
         values = {name: control.value for name, control in self.controls.items()}
+        if self._wanted:  # the first draw: the bucket and rank asked for, once their maxima are known
+            values.update(self._wanted)
         try:
             spec = self._spec(values["model"])
             bucket_plan = plan_buckets(spec, values["communication_size"], policy=values["policy"])
             plans, notes = self._plan_layouts(bucket_plan, values)
             bucket = min(values["bucket"], bucket_plan.num_buckets - 1)
+            rank = min(values["rank"], values["num_shards"] - 1)
             compared = dict(list(plans.items())[:2])
+            chosen = plans[values["layout"]]
             new = {
                 "bucket_layout": fig_bucket_layout(bucket_plan),
-                "shard_map": fig_shard_map(compared, bucket),
+                "shard_map": fig_shard_map(compared, bucket, rank=rank),
                 "rank_load": fig_rank_load(plans),
                 "metrics": fig_layout_metrics(plans),
             }
+            comm = estimate_comm(chosen, "zero1" if chosen.layout == "greedy" else "fsdp")
+            inspector = rank_inspector_html(chosen, rank)
         except ValueError as err:
             self.status.value = (f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span> "
                                  "<i>(figures show the last valid settings)</i>")
             return False
+        self._wanted = {}
         for name, fig in new.items():
+            fig.layout.width = min(FIGURE_WIDTH, fig.layout.width or FIGURE_WIDTH)
             self._layout_keys[name] = update_figure_widget(self.figures[name], fig, self._layout_keys[name])
         self.bucket_plan, self.shard_plans = bucket_plan, plans
         self._syncing = True
         try:
-            self.controls["bucket"].max = bucket_plan.num_buckets - 1
-            self.controls["bucket"].value = bucket
+            for name, top, value in (("bucket", bucket_plan.num_buckets - 1, bucket), ("rank", chosen.num_shards - 1, rank)):
+                self.controls[name].max = top
+                self.controls[name].value = value
         finally:
             self._syncing = False
-        chosen = plans[values["layout"]]
         self.status.value = html.escape(
             f"{spec.name}: {bucket_plan.num_buckets} buckets, {values['layout']} over N={chosen.num_shards}: "
             f"max {format_bytes(chosen.rank_bytes.max())} per rank, imbalance {chosen.imbalance:.3f}, "
             f"{chosen.num_collectives_per_step} collectives per step" + "".join(f". {note}" for note in notes)
         )
+        link_name = values["link"]
+        kinds = ", ".join(f"{c.num_collectives} {c.kind.replace('_', '-')}" for c in comm.collectives)
+        self.cost.value = html.escape(
+            f"cost ({comm.strategy}, {link_name}): {comm.num_collectives} collectives per step ({kinds}), "
+            f"{format_bytes(int(comm.rank_bytes))} sent per rank, about "
+            f"{comm.predict_s(LINKS[link_name]) * 1e3:.1f} ms of communication per step if none overlaps")
+        self.inspector.value = inspector
+        self.code.value = f"<code style='user-select:all'>{html.escape(self.code_line())}</code>"
         return True
 
 
@@ -181,15 +235,22 @@ def build_layout_explorer(
     num_shards: int = 8,
     layout: str = "row",
     policy: str = "mlx",
+    *,
+    pad_rows: bool = False,
+    bucket: int = 0,
+    rank: int = 0,
 ) -> LayoutExplorer:
     """An explorer of bucket sizes and shard layouts for one model.
 
     Controls: the model (the presets of :mod:`workbench.core.presets`, plus ``spec_or_preset``
-    when it is a :class:`~workbench.core.specs.ModelSpec`), ``communication_size`` (0 and 1 to
-    256 MiB, doubling), ``num_shards`` (1 to 1024, doubling), the layout, ``pad_rows``,
-    the bucket policy and the bucket drawn in the shard map. Figures: the bucket layout,
-    the shard map of the chosen layout beside flat (or row, when flat is chosen), the
-    bytes per rank and the metrics table of every layout that plans.
+    when it is a :class:`~workbench.core.specs.ModelSpec`, e.g. from ``spec_from_mlx``,
+    ``spec_from_nnx`` or a config), ``communication_size`` (0 and 1 to 256 MiB, doubling),
+    ``num_shards`` (1 to 1024, doubling), the layout, ``pad_rows``, the bucket policy, the
+    bucket drawn in the shard map, the rank inspected, and the link the cost line assumes.
+    Shown: the bucket layout, the shard map of the chosen layout beside flat (or row, when flat
+    is chosen), every slice the chosen rank holds, the bytes per rank, the metrics table of
+    every layout that plans, the predicted collectives and communication time, and the call
+    that reproduces the view (:meth:`LayoutExplorer.code_line`).
 
     Args:
         spec_or_preset: A spec, or a preset name (e.g. ``"llama-3-8b"``).
@@ -197,12 +258,15 @@ def build_layout_explorer(
         num_shards: Initial N. Default: 8.
         layout: ``"row"``, ``"flat"`` or ``"greedy"``.
         policy: A bucket policy name (``"mlx"`` or ``"pytorch-ddp"``).
+        pad_rows: Row layout only: pad each array to a multiple of N rows.
+        bucket: The bucket of the shard map (clamped to the last bucket).
+        rank: The rank drawn and inspected (clamped to N - 1).
 
     Returns:
         A :class:`LayoutExplorer` (an ``ipywidgets.VBox``) with ``.controls``,
-        ``.figures``, ``.status`` and ``.update()``.
+        ``.figures``, ``.status``, ``.cost``, ``.inspector``, ``.code`` and ``.update()``.
 
     Raises:
-        ValueError: on an unknown preset, layout or policy, or a bad N or cap.
+        ValueError: on an unknown preset, layout or policy, or a bad N, cap, bucket or rank.
     """
-    return LayoutExplorer(spec_or_preset, communication_size, num_shards, layout, policy)
+    return LayoutExplorer(spec_or_preset, communication_size, num_shards, layout, policy, pad_rows, bucket, rank)
