@@ -213,3 +213,20 @@ def test_bad_input_names_the_knob(call, knob):
 
 def test_units_are_bytes():
     assert UNITS["GB"] == 10**9 and UNITS["GiB"] == 2**30 and math.log2(UNITS["MiB"]) == 20
+
+
+def test_memory_explorer_takes_a_users_spec_or_config_and_shows_its_call():
+    """Explorers take the user's model wherever a preset name goes; 'copy these settings as code'."""
+    from workbench.core.hf_config import spec_from_hf_config  # noqa: F401  (the config path the explorer uses)
+
+    explorer = build_memory_explorer("gpt2", num_shards=(2, 8), seq_len=256)
+    line = explorer.code_line()
+    assert line == ("build_memory_explorer('gpt2', param_dtype='bfloat16', master_dtype='float32', optimizer='adamw', "
+                    "update_copies='none', micro_batch_size=1, seq_len=256, num_shards=(2, 8))")
+    again = eval(line, {"build_memory_explorer": build_memory_explorer})
+    assert stacked_totals(again.figure) == pytest.approx(stacked_totals(explorer.figure))
+    spec = get_preset("gpt2", "float32")  # as spec_from_mlx would hand it: shapes only
+    mine = build_memory_explorer(spec, num_shards=(2, 8), seq_len=256)
+    assert mine.controls["model"].label == "gpt2 (given)" and mine.estimates[0].num_params == spec.num_params
+    assert "activations not counted" in mine.status.value
+    assert mine.code_line().startswith("build_memory_explorer(model, ")

@@ -11,6 +11,7 @@ and :func:`fig_memory_breakdown` and computes nothing itself.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -23,6 +24,8 @@ from workbench.views.style import figure, subplot_grid
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from workbench.core.resolve import ModelArg
 
 #: Display units: name -> bytes. GB is decimal, as the ZeRO paper and mlx-lm print.
 UNITS = {"GB": 10**9, "GiB": 2**30, "MB": 10**6, "MiB": 2**20}
@@ -64,14 +67,16 @@ def _scale(unit: str) -> int:
     return UNITS[unit]
 
 
-def estimate_breakdowns(model: str, strategies: Sequence[str] = EXPLORER_STRATEGIES,
+def estimate_breakdowns(model: "ModelArg", strategies: Sequence[str] = EXPLORER_STRATEGIES,
                         num_shards: Sequence[int] = (8, 64), *, param_dtype: str = "bfloat16",
                         master_dtype: str | None = "float32", optimizer: str = "adamw", micro_batch_size: int = 1,
                         seq_len: int = 2048, update_copies: str = "none") -> list[MemoryEstimate]:
     """:func:`estimate_memory` of a preset for each strategy and N (strategy-major), activations included.
 
     Args:
-        model: A preset name of :mod:`workbench.core.presets` (its blocks are the ZeRO-3 units).
+        model: A preset name of :mod:`workbench.core.presets` (its blocks are the ZeRO-3 units), a
+            ``config.json`` path or dict, or a :class:`~workbench.core.specs.ModelSpec` (from
+            ``spec_from_mlx``, ``spec_from_nnx``...; shapes only, so activations count 0).
         strategies, num_shards: The grid; N is ranks (the data-parallel degree).
         param_dtype, master_dtype, optimizer, update_copies: As :func:`estimate_memory` (optimizer states in fp32).
         micro_batch_size, seq_len: Sequences per rank and tokens per sequence, for
@@ -81,16 +86,20 @@ def estimate_breakdowns(model: str, strategies: Sequence[str] = EXPLORER_STRATEG
         ValueError: naming the knob (``model``, ``num_shards``, ``strategy``, ``seq_len``...).
     """
     from workbench.core.presets import PRESETS, get_preset
+    from workbench.core.resolve import resolve_spec
 
-    if model not in PRESETS:
+    if isinstance(model, str) and model not in PRESETS and not os.path.exists(model):
         raise ValueError(f"model: unknown preset {model!r}; known: {', '.join(sorted(PRESETS))}.")
     if not strategies or not num_shards:
         raise ValueError(f"strategies and num_shards must be non-empty, got {strategies!r} and {num_shards!r}.")
     try:
-        spec = get_preset(model, param_dtype)
+        spec = get_preset(model, param_dtype) if isinstance(model, str) and model in PRESETS else None
     except ValueError as err:
         raise ValueError(f"param_dtype: {err}") from None
-    act = estimate_activation_bytes(seq_len=seq_len, micro_batch_size=micro_batch_size, config=model)
+    spec = spec or resolve_spec(model, dtype=param_dtype, argument="model")
+    # A ModelSpec holds shapes only: no hidden size or layers to estimate activations from.
+    act = 0 if isinstance(model, type(spec)) else estimate_activation_bytes(
+        seq_len=seq_len, micro_batch_size=micro_batch_size, config=model)
     return [estimate_memory(spec, s, n, param_dtype=param_dtype, master_dtype=master_dtype, optimizer=optimizer,
                             activation_bytes=act, update_copies=update_copies) for s in strategies for n in num_shards]
 
@@ -110,10 +119,9 @@ def breakdown_summary(estimates: Sequence[MemoryEstimate], unit: str = "GB") -> 
 def _labelled_peaks(estimates: Sequence[MemoryEstimate]) -> dict[int, str]:
     """Which peaks get a number, and where: all with at most two N per strategy, else each strategy's
     smallest and largest N (seven N side by side ran their numbers together, "159159159")."""
-    by_strategy: dict[str, list[int]] = {}
+    chosen, by_strategy = {}, {}
     for i, e in enumerate(estimates):
         by_strategy.setdefault(e.strategy, []).append(i)
-    chosen = {}
     for ks in by_strategy.values():
         ks = sorted(ks, key=lambda i: estimates[i].num_shards)
         if len(ks) <= 2:

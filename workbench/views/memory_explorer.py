@@ -4,6 +4,7 @@ breakdown figure, for a preset or a user's config (notebook 03)."""
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -17,6 +18,10 @@ from workbench.views.memory import (
     powers_between,
 )
 from workbench.views.style import TEMPLATE, update_figure_widget
+from workbench.views.widgets import FIGURE_WIDTH
+
+if TYPE_CHECKING:
+    from workbench.core.resolve import ModelArg
 
 #: The explorer's dropdowns and sliders: control -> options (a given value joins a slider's options).
 EXPLORER_CHOICES = {"param_dtype": ("bfloat16", "float16", "float32"), "master_dtype": ("none", "float32"),
@@ -38,7 +43,7 @@ class MemoryExplorer(widgets.VBox):
         estimates: The estimates on screen.
     """
 
-    def __init__(self, model: str, num_shards: tuple[int, int], **values) -> None:
+    def __init__(self, model: "ModelArg", num_shards: tuple[int, int], **values) -> None:
         super().__init__()
         from workbench.core.presets import list_presets
 
@@ -50,8 +55,11 @@ class MemoryExplorer(widgets.VBox):
             if values[name] not in options:
                 raise ValueError(f"{name} must be one of {list(options)} in the explorer, got {values[name]!r}.")
         wide = dict(style={"description_width": "initial"})
+        models = [(name, name) for name in list_presets()]
+        if not (isinstance(model, str) and model in dict(models)):  # a user's spec or config joins the presets
+            models.insert(0, (f"{getattr(model, 'name', None) or 'your model'} (given)", model))
         self.controls: dict[str, widgets.Widget] = {
-            "model": widgets.Dropdown(options=list_presets(), value=model, description="model", **wide),
+            "model": widgets.Dropdown(options=models, value=model, description="model", **wide),
             **{name: widgets.Dropdown(options=list(options), value=values[name], description=name, **wide)
                for name, options in EXPLORER_CHOICES.items()},
             **{name: widgets.SelectionSlider(options=sorted({*options, values[name]}), value=values[name],
@@ -61,15 +69,22 @@ class MemoryExplorer(widgets.VBox):
                 options=POWERS_OF_TWO, value=tuple(num_shards), description="num_shards (N)",
                 continuous_update=False, layout=widgets.Layout(width="460px"), **wide),
         }
-        self.figure = go.FigureWidget(layout=dict(template=TEMPLATE))
-        self.status, self.estimates, self._keys = widgets.HTML(), [], set()
+        self.figure = go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH))
+        self.status, self.code, self.estimates, self._keys = widgets.HTML(), widgets.HTML(), [], set()
         c = self.controls
         self.children = [widgets.HBox([c["model"], c["param_dtype"], c["master_dtype"]]),
                          widgets.HBox([c["optimizer"], c["update_copies"]]),
-                         widgets.HBox([c["micro_batch_size"], c["seq_len"], c["num_shards"]]), self.status, self.figure]
+                         widgets.HBox([c["micro_batch_size"], c["seq_len"], c["num_shards"]]), self.status, self.code, self.figure]
         for control in c.values():
             control.observe(lambda change: self.update(), names="value")
         self.update()
+
+    def code_line(self) -> str:
+        """The call that reproduces this view (a given spec or config is named ``model``)."""
+        v = {name: control.value for name, control in self.controls.items()}
+        model = repr(v.pop("model")) if isinstance(self.controls["model"].value, str) else "model"
+        v["master_dtype"] = None if v["master_dtype"] == "none" else v["master_dtype"]
+        return f"build_memory_explorer({model}, " + ", ".join(f"{k}={val!r}" for k, val in v.items()) + ")"
 
     def update(self) -> bool:
         """Recompute from the controls; on a ``ValueError`` keep the last figure, show the error, return False."""
@@ -81,19 +96,23 @@ class MemoryExplorer(widgets.VBox):
         except ValueError as err:
             self.status.value = f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span>"
             return False
+        fig.layout.width = FIGURE_WIDTH
         self._keys, self.estimates = update_figure_widget(self.figure, fig, self._keys), estimates
-        self.status.value = html.escape(breakdown_summary(estimates))
+        self.code.value = f"<code style='user-select:all'>{html.escape(self.code_line())}</code>"
+        note = "" if estimates[0]["activations"] else " (activations not counted: a ModelSpec holds shapes only)"
+        self.status.value = html.escape(breakdown_summary(estimates) + note)
         return True
 
 
-def build_memory_explorer(model: str = "llama-3-8b", *, num_shards: tuple[int, int] = (8, 64),
+def build_memory_explorer(model: "ModelArg" = "llama-3-8b", *, num_shards: tuple[int, int] = (8, 64),
                           param_dtype: str = "bfloat16", master_dtype: str | None = "float32",
                           optimizer: str = "adamw", micro_batch_size: int = 1, seq_len: int = 2048,
                           update_copies: str = "none") -> MemoryExplorer:
     """An explorer of per-rank memory for every strategy of :data:`EXPLORER_STRATEGIES` against N.
 
     Args:
-        model: A preset name. num_shards: ``(low, high)``, powers of two in 1..1024: every power between.
+        model: A preset name, a ``config.json`` path or dict, or a ModelSpec (``spec_from_mlx``,
+            ``spec_from_nnx``; no activations). num_shards: ``(low, high)``, powers of two in 1..1024: every power between.
         param_dtype, master_dtype, optimizer, update_copies: As :func:`estimate_memory`.
         micro_batch_size: Sequences per rank. seq_len: Tokens per sequence.
 
