@@ -38,6 +38,7 @@ from typing import Literal
 
 import numpy as np
 
+from workbench.core.checks import byte_count
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB
 
@@ -212,13 +213,14 @@ def plan_buckets(
         A :class:`BucketPlan`.
 
     Raises:
-        ValueError: for a zero-size parameter (named with its shape) or an unknown policy.
+        ValueError: for a zero-size parameter (named with its shape), an unknown policy, or a
+            ``communication_size`` that is not a whole number of bytes (NaN, inf, ``"32MB"``, 0.5, True).
     """
     pol = get_policy(policy)
     if not isinstance(params, ModelSpec):
         raise ValueError(f"plan_buckets needs a ModelSpec, got {type(params).__name__}; build one with workbench.core.specs or an adapter.")
     _validate_for_planning(params)
-    cap = pol.default_communication_size if communication_size is None else int(communication_size)
+    cap = pol.default_communication_size if communication_size is None else byte_count("communication_size", communication_size)
     n = len(params)
     walk = range(n - 1, -1, -1) if pol.order == "reverse" else range(n)
     sizes = params.sizes.tolist()

@@ -28,6 +28,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from workbench.core.buckets import BucketPlan
+from workbench.core.checks import MAX_NUM_SHARDS, integer
 
 LAYOUTS = ("row", "flat", "greedy")
 
@@ -161,8 +162,8 @@ class ShardPlan:
             rank: 0 <= rank < N.
             bucket: Only this bucket's pieces (default: every bucket).
         """
-        if not 0 <= rank < self.num_shards:
-            raise ValueError(f"rank {rank} is out of range for num_shards={self.num_shards}.")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.num_shards:
+            raise ValueError(f"rank {rank!r} is not an integer in range for num_shards={self.num_shards}.")
         bp = self.buckets
         if bucket is None:
             lo, hi = 0, len(bp.order)
@@ -246,14 +247,16 @@ def plan_shards(
             ``fully_shard`` does, not only ``size % N == 0``.
 
     Raises:
-        ValueError: on ``num_shards < 1``, an unknown layout, or (``row``) a scalar
+        ValueError: on ``num_shards`` not an integer in 1..MAX_NUM_SHARDS (2**20; the plan's per-rank
+            arrays bound its memory), an unknown layout, a ``bucket_plan`` that is not one, or (``row``) a scalar
             or an indivisible array, naming its path and shape.
     """
-    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-        raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}.")
+    if not isinstance(bucket_plan, BucketPlan):
+        raise ValueError(f"bucket_plan must be a BucketPlan, got {type(bucket_plan).__name__}; "
+                         f"build one with plan_buckets(model_spec, communication_size).")
+    n = integer("num_shards", num_shards, low=1, high=MAX_NUM_SHARDS)  # plans allocate per-rank arrays
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}.")
-    n = int(num_shards)
     bp = bucket_plan
     spec = bp.spec
     sizes, isz = spec.sizes, spec.itemsizes

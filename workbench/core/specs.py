@@ -11,6 +11,7 @@ and architecture presets (``workbench.core.presets``) build these.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -87,14 +88,19 @@ class ParamSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ValueError(f"Parameter path must be a non-empty string, got {self.path!r}.")
-        try:
-            shape = tuple(int(d) for d in self.shape)
-        except TypeError as err:
-            raise ValueError(f"Parameter '{self.path}' has a shape that is not a sequence of ints: {self.shape!r}.") from err
+        # int() would turn 2.7 into 2, True into 1 and the string "12" into (1, 2): refuse instead.
+        dims = self.shape
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, (Sequence, np.ndarray)) or any(
+                isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims):
+            raise ValueError(f"Parameter '{self.path}' has a shape that is not a sequence of ints: {self.shape!r}.")
+        shape = tuple(int(d) for d in dims)
         if any(d < 0 for d in shape):
             raise ValueError(f"Parameter '{self.path}' has a negative dimension in shape {shape}.")
-        object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype, self.path))
+        if math.prod(shape) * DTYPE_BYTES[self.dtype] >= 2**63:  # sizes are int64 (np.prod would wrap around)
+            raise ValueError(f"Parameter '{self.path}' with shape {shape} has {math.prod(shape):,} elements: "
+                             f"its bytes do not fit in int64.")
+        object.__setattr__(self, "shape", shape)
 
     @property
     def size(self) -> int:
@@ -153,14 +159,24 @@ class ModelSpec:
         name: str = "model",
         dtype: object = "float32",
     ) -> "ModelSpec":
-        """Build a spec from ``{path: shape}`` or ``{path: (shape, dtype)}``, in mapping order."""
+        """Build a spec from ``{path: shape}`` or ``{path: (shape, dtype)}``, in mapping order.
+
+        Raises:
+            ValueError: ``shapes`` is not a mapping, or an entry is neither form (naming its path).
+        """
+        if not isinstance(shapes, Mapping):
+            raise ValueError(f"ModelSpec.from_shapes takes a mapping {{path: shape}} or {{path: (shape, dtype)}}, "
+                             f"got {type(shapes).__name__}.")
         params = []
         for path, value in shapes.items():
             if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[1], (int, np.integer)):
                 shape, dt = value
+                if isinstance(shape, (int, np.integer)):
+                    raise ValueError(f"Parameter '{path}': {value!r} reads as (shape, dtype) with shape {shape!r}; "
+                                     f"write the shape as a tuple, e.g. (({shape},), {dt!r}).")
             else:
                 shape, dt = value, dtype
-            params.append(ParamSpec(path, tuple(shape), dt))
+            params.append(ParamSpec(path, shape if isinstance(shape, (str, bytes)) else tuple(shape), dt))
         return cls(name, tuple(params))
 
     def __len__(self) -> int:

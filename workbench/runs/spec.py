@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from workbench.core.buckets import plan_buckets
@@ -21,6 +23,19 @@ LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True}
 
 
 DEFAULT_MODEL = dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)
+
+
+class FrozenModel(dict):
+    """:attr:`RunSpec.model`: the caller's dict copied, then read-only, so the spec (and its run id) cannot
+    change after validation. A plain ``dict`` to JSON, ``LMConfig(**model)`` and comparisons."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("RunSpec.model is frozen; build a new spec: dataclasses.replace(spec, model={...}).")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self):  # pickle and copy rebuild it whole (dict's default would set item by item)
+        return (FrozenModel, (dict(self),))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +64,9 @@ class RunSpec:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"RunSpec.{name}={getattr(self, name)!r}: {why}")
 
+        if not isinstance(self.model, Mapping):
+            raise bad("model", "must be a dict of LMConfig fields (vocab_size, seq_len, dim, ...)")
+        object.__setattr__(self, "model", FrozenModel(copy.deepcopy(dict(self.model))))
         if self.framework not in ("mlx", "jax"):
             raise bad("framework", "choose 'mlx' or 'jax'")
         if self.strategy not in STRATEGIES:
@@ -110,6 +128,7 @@ class RunSpec:
     def to_dict(self) -> dict:
         """The spec as stored (and hashed into the run id); :data:`LATER_DEFAULTS` at their defaults are left out."""
         out = asdict(self)
+        out["model"] = dict(out["model"])
         for name, default in LATER_DEFAULTS.items():
             if out[name] == default and type(out[name]) is type(default):
                 del out[name]
