@@ -28,19 +28,21 @@ class LiveProgress:
     """A progress bar, a status line and a loss curve for one run; call it with the steps done."""
 
     def __init__(self, spec: RunSpec, runs_root: Path, *, floor_nats: float | None = None, redraw_s: float = 0.5,
-                 clock: "SweepClock | None" = None):
+                 clock: "SweepClock | None" = None, sweep: "SweepProgress | None" = None):
         self.spec, self.redraw_s, self.last_draw = spec, redraw_s, 0.0
         self.run_id = run_id_for(spec.to_dict())
         self.steps_path = Path(runs_root) / self.run_id / "steps.jsonl"
-        self.clock = clock or SweepClock(1)
+        self.clock, self.sweep = clock or SweepClock(1), sweep
         self.eta: tuple[float | None, float | None] = (None, None)  # (run, sweep) seconds left
         self.label = spec_label(spec)
         label = f"{spec.framework} {spec.strategy}"
         self.bar = widgets.IntProgress(value=0, min=0, max=spec.steps, description=label,
                                        style={"description_width": "120px"}, layout={"width": "60%"})
         self.status = widgets.HTML("starting engines...")
+        # Whole steps only: plotly's automatic ticks read 0.5, 1.5 on a three-step run.
         self.figure = go.FigureWidget(layout=dict(template=TEMPLATE, height=260, margin=dict(t=30, b=30),
-                                                  title=f"{label}: loss", xaxis_title="step", yaxis_title="loss"))
+                                                  title=f"{label}: loss", yaxis_title="loss",
+                                                  xaxis=dict(title="step", tickformat="d", dtick=1, rangemode="tozero")))
         self.figure.add_scatter(x=[], y=[], mode="lines", name="loss (mean over ranks)")
         if floor_nats is not None:
             self.figure.add_hline(y=floor_nats, line_dash="dash", annotation_text="entropy floor")
@@ -53,6 +55,8 @@ class LiveProgress:
             self.last_draw = now
             self.eta = eta_run, eta_sweep = self.clock.eta(steps_done, self.spec.steps)
             self.redraw()
+            if self.sweep is not None:
+                self.sweep.update(self.label, eta_sweep)
             if steps_done:
                 emit("run_steps", index=self.clock.index, runs=self.clock.num_runs,
                      done=min(steps_done, self.spec.steps), steps=self.spec.steps, eta_run_s=eta_run,
@@ -73,22 +77,59 @@ class LiveProgress:
 
     def finish(self, outcome: RunOutcome) -> None:
         self.redraw()
+        if outcome.status in ("done", "skipped"):  # the last steps may land after the last poll
+            self.bar.value = self.bar.max
         self.bar.bar_style = {"done": "success", "skipped": "info"}.get(outcome.status, "danger")
         self.status.value = {"done": f"done in {outcome.seconds:.1f} s", "skipped": "already stored: skipped"}.get(
             outcome.status, f"<b>failed</b>: {outcome.error}")
 
 
+class SweepProgress:
+    """One bar for a whole sweep: runs finished of all, and the sweep's ETA.
+
+    Shown above the runs' own bars, and also pinned to the bottom right of the window
+    (``position: fixed``) while the sweep runs, so it stays in sight once Run All has scrolled
+    past it (JupyterLab's status bar says "Idle" between a run's cells).
+    """
+
+    def __init__(self, num_runs: int):
+        self.num_runs, self.finished = num_runs, 0
+        self.bar = widgets.IntProgress(value=0, min=0, max=max(num_runs, 1), description=f"sweep of {num_runs}",
+                                       style={"description_width": "120px"}, layout={"width": "60%"})
+        self.status = widgets.HTML(f"0 of {num_runs} runs done")
+        self.pinned = widgets.HTML()
+        self.widget = widgets.VBox([widgets.HBox([self.bar, self.status]), self.pinned])
+
+    def update(self, label: str, eta_sweep_s: float | None) -> None:
+        eta = f", ~{format_duration(eta_sweep_s)} left" if eta_sweep_s is not None else ""
+        self.status.value = f"{self.finished} of {self.num_runs} runs done; now: {label}{eta}"
+        self.pinned.value = (f"<div class='workbench-sweep-pinned' style='position:fixed;right:16px;bottom:36px;"
+                             f"z-index:1000;background:#FFF3CD;border:1px solid #E0C36A;padding:4px 10px;"
+                             f"font-size:12px'>sweep: {self.finished}/{self.num_runs} runs done{eta}</div>")
+
+    def run_finished(self) -> None:
+        self.finished += 1
+        self.bar.value = self.finished
+        self.status.value = f"{self.finished} of {self.num_runs} runs done"
+        if self.finished >= self.num_runs:
+            self.bar.bar_style, self.pinned.value = "success", ""
+
+
 def run_sweep(specs: Iterable[RunSpec], runs_root: Path | str, *, display: bool = True,
               floor_nats: float | None = None, **run_kwargs) -> list[RunOutcome]:
-    """Run each spec (skipping those already stored and done), showing live progress when ``display``."""
+    """Run each spec (skipping those already stored and done), showing live progress when ``display``:
+    a :class:`SweepProgress` for the whole sweep, then a :class:`LiveProgress` per run."""
+    from IPython.display import display as show
+
     specs = list(specs)
     clock = SweepClock(len(specs))
+    sweep = SweepProgress(len(specs))
+    if display:
+        show(sweep.widget)
     outcomes = []
     for spec in specs:
-        live = LiveProgress(spec, Path(runs_root), floor_nats=floor_nats, clock=clock)
+        live = LiveProgress(spec, Path(runs_root), floor_nats=floor_nats, clock=clock, sweep=sweep)
         if display:
-            from IPython.display import display as show
-
             show(live.widget)
         clock.run_started()
         if not RunStore(Path(runs_root)).is_done(spec.to_dict()):  # (a stored run is only reported as skipped)
@@ -99,6 +140,7 @@ def run_sweep(specs: Iterable[RunSpec], runs_root: Path | str, *, display: bool 
         emit("run_end", index=clock.index, runs=clock.num_runs, label=live.label, status=outcome.status,
              seconds=outcome.seconds, error=outcome.error, run_id=outcome.run_id)
         live.finish(outcome)
+        sweep.run_finished()
         outcomes.append(outcome)
     return outcomes
 

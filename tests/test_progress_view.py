@@ -1,0 +1,39 @@
+"""Run progress reads true (issue 18): a done run's bar is full, steps are whole, the sweep has one bar with an ETA."""
+
+from types import SimpleNamespace
+
+from workbench.runs.spec import RunSpec
+from workbench.views.progress import LiveProgress, SweepClock, SweepProgress
+
+
+def test_a_done_run_fills_its_bar_even_when_the_last_steps_came_after_the_last_poll(tmp_path):
+    spec = RunSpec(num_ranks=2, steps=6, global_batch=8)
+    live = LiveProgress(spec, tmp_path, redraw_s=0)
+    live(4)  # the last poll saw 4 of 6 steps (the bar stopped at 67% in the issue's screenshot)
+    live.finish(SimpleNamespace(status="done", seconds=1.0, error=None))
+    assert live.bar.value == live.bar.max == 6 and live.status.value.startswith("done")
+    failed = LiveProgress(spec, tmp_path, redraw_s=0)
+    failed(4)
+    failed.finish(SimpleNamespace(status="failed", seconds=1.0, error="boom"))
+    assert failed.bar.value == 4 and failed.bar.bar_style == "danger"  # a failed run shows where it stopped
+
+
+def test_the_step_axis_has_whole_steps_only(tmp_path):
+    live = LiveProgress(RunSpec(num_ranks=2, steps=3, global_batch=8), tmp_path)
+    axis = live.figure.layout.xaxis
+    assert axis.dtick == 1 and axis.tickformat == "d" and axis.title.text == "step"
+
+
+def test_the_sweep_bar_counts_runs_and_pins_its_eta_until_done(tmp_path):
+    sweep = SweepProgress(2)
+    clock = SweepClock(2)
+    live = LiveProgress(RunSpec(num_ranks=2, steps=4, global_batch=8), tmp_path, redraw_s=0, clock=clock, sweep=sweep)
+    clock.run_started()
+    live(1)
+    assert "0 of 2 runs done; now: " in sweep.status.value and "position:fixed" in sweep.pinned.value
+    sweep.update(live.label, 90.0)
+    assert "left" in sweep.status.value and "sweep: 0/2 runs done" in sweep.pinned.value
+    sweep.run_finished()
+    assert sweep.bar.value == 1 and sweep.pinned.value  # still pinned while a run is left
+    sweep.run_finished()
+    assert sweep.bar.value == sweep.bar.max == 2 and sweep.pinned.value == "" and sweep.bar.bar_style == "success"
