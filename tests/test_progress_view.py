@@ -37,3 +37,27 @@ def test_the_sweep_bar_counts_runs_and_pins_its_eta_until_done(tmp_path):
     assert sweep.bar.value == 1 and sweep.pinned.value  # still pinned while a run is left
     sweep.run_finished()
     assert sweep.bar.value == sweep.bar.max == 2 and sweep.pinned.value == "" and sweep.bar.bar_style == "success"
+
+
+def test_coinciding_loss_curves_are_said_and_drawn_apart(tmp_path):
+    """Issue 18: 8 runs in the legend, one line visible, nothing saying they coincide."""
+    from test_runs_view import store_run
+
+    from workbench.runs.store import RunStore
+    from workbench.runs.tables import load_runs
+    from workbench.studies.runs import fig_loss_curves, fig_step_time_memory, summarize_runs
+
+    store = RunStore(tmp_path)
+    base = dict(num_ranks=2, steps=4, global_batch=8)
+    for strategy in ("ddp", "fsdp-row", "fsdp-flat"):
+        store_run(store, RunSpec(strategy=strategy, **base), [3.0, 2.5, 2.0, 1.5])
+    store_run(store, RunSpec(strategy="fsdp-full", **base), [3.0, 2.4, 2.0, 1.4])
+    fig = fig_loss_curves(load_runs(tmp_path))
+    assert "3 runs coincide (mlx ddp, mlx fsdp-flat, mlx fsdp-row)" in fig.layout.title.text
+    assert len({t.line.dash for t in fig.data}) == len(fig.data) == 4  # every line its own dash pattern
+    widths = [t.line.width for t in fig.data]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]  # the first drawn stays visible
+    assert fig.layout.xaxis.tickformat == "d"
+    bars = fig_step_time_memory(summarize_runs(load_runs(tmp_path)))
+    assert bars.layout.legend.orientation == "h" and bars.layout.legend.y > 1  # not over the right axis
+    assert bars.layout.yaxis2.automargin and bars.layout.yaxis2.title.text == "peak RSS (MiB)"

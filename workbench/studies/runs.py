@@ -87,15 +87,42 @@ def _max_mib(steps: pd.DataFrame, column: str) -> float | None:
     return float(steps[column].max() / 2**20)
 
 
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+
+def _coinciding(curves: dict[str, list[float]]) -> list[list[str]]:
+    """Groups of two or more labels whose curves are equal to 1e-6 of the loss at every step."""
+    groups: list[list[str]] = []
+    for label, y in curves.items():
+        for group in groups:
+            ref = curves[group[0]]
+            if len(ref) == len(y) and all(abs(a - b) <= 1e-6 * max(abs(a), 1.0) for a, b in zip(ref, y)):
+                group.append(label)
+                break
+        else:
+            groups.append([label])
+    return [g for g in groups if len(g) > 1]
+
+
 def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 420) -> go.Figure:
-    """Global loss against step, one line per run, with the data's entropy floor dashed."""
+    """Global loss against step, one line per run, with the data's entropy floor dashed.
+
+    Runs whose curves coincide (equal to 1e-6 at every step) are said so in the subtitle, and every
+    line has its own dash pattern and a width that narrows run by run, so lines drawn on top of
+    each other stay distinguishable.
+    """
     runs, curves = loaded.runs, loss_curves(loaded)
-    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, xaxis_title="step", yaxis_title="loss (nats per token)",
-                                title="Convergence: every strategy on the same global batches"))
-    for _, run in runs.sort_values(["spec.framework", "spec.strategy"]).iterrows():
+    ordered = list(runs.sort_values(["spec.framework", "spec.strategy"]).iterrows())
+    ys = {run_label(run): curves[curves.run_id == run.run_id].loss.tolist() for _, run in ordered}
+    groups = _coinciding(ys)
+    note = "; ".join(f"{len(g)} runs coincide ({', '.join(g)})" for g in groups) or "no two runs coincide"
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, yaxis_title="loss (nats per token)",
+                                xaxis=dict(title="step", tickformat="d"),
+                                title=f"Convergence: every strategy on the same global batches<br><sup>{note}</sup>"))
+    for k, (_, run) in enumerate(ordered):
         c = curves[curves.run_id == run.run_id]
         fig.add_trace(go.Scatter(x=c.step.tolist(), y=c.loss.tolist(), mode="lines", name=run_label(run),
-                                 line=dict(dash="solid" if run["spec.framework"] == "mlx" else "dot")))
+                                 line=dict(dash=_DASHES[k % len(_DASHES)], width=max(1.5, 2 * len(ordered) - 2 * k))))
     if floor_nats is not None:
         fig.add_hline(y=floor_nats, line_dash="dash", line_color="black",
                       annotation_text=f"entropy rate of the data: {floor_nats:.3f} nats")
@@ -120,10 +147,16 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
 
 
 def fig_step_time_memory(summary: pd.DataFrame, *, height: int = 360) -> go.Figure:
-    """Median step time and peak process memory (RSS) per rank, per run (from :func:`summarize_runs`)."""
+    """Median step time and peak process memory (RSS) per rank, per run (from :func:`summarize_runs`).
+
+    The legend sits above the plot: at the right, it covered the right axis's tick labels ("432" read "43").
+    """
     fig = go.Figure(layout=dict(template=TEMPLATE, height=height, barmode="group",
                                 title="Step time (median after warm-up, slowest rank) and peak process memory (RSS) per rank",
-                                yaxis=dict(title="ms per step"), yaxis2=dict(title="MiB", overlaying="y", side="right")))
+                                margin=dict(t=90, r=70), legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"),
+                                yaxis=dict(title="ms per step", rangemode="tozero"),
+                                yaxis2=dict(title="peak RSS (MiB)", overlaying="y", side="right", rangemode="tozero",
+                                            automargin=True, showgrid=False)))
     fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.median_step_ms.tolist(), name="step time (ms)", offsetgroup=0))
     fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.peak_rss_mib.tolist(), name="peak RSS (MiB)",
                          yaxis="y2", offsetgroup=1))
