@@ -66,7 +66,8 @@ def test_a_failing_cell_is_one_line_naming_notebook_and_cell(tmp_path):
 
 def test_a_missing_notebook_is_named_before_anything_runs(tmp_path):
     code, out, err = build(tmp_path, tmp_path / "nope.ipynb")
-    assert code == 2 and err.strip() == f"workbench build: no such notebook: {tmp_path / 'nope.ipynb'}"
+    assert code == 2 and err.strip() == (f"workbench build: no such notebook: {tmp_path / 'nope.ipynb'} "
+                                         "(give the path of an existing .ipynb)")
 
 
 def test_progress_names_each_run_and_a_second_build_skips_what_is_stored(tmp_path):

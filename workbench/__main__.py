@@ -8,6 +8,8 @@
 ``<out>/slides``, showing which notebook, cell and run it is on (a status line on a terminal, plain
 lines in a log). Runs are stored as they finish: an interrupted build, started again, skips them.
 A failure is one line (notebook, cell, run, error; the traceback goes to ``<out>/logs``), exit 1.
+A mistake in the command (a missing or unreadable notebook, an ``--out`` that cannot be written, an
+unknown ``--theme``) is one line saying what to do, exit 2; ``--debug`` shows any traceback.
 ``slides`` exports the deck (default) or any notebooks as offline reveal.js decks; ``--static``
 adds each figure as PNG and SVG and the deck as PDF (needs Chromium).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -32,10 +35,6 @@ def _build(args) -> int:
     from workbench.publish.nbtools import BuildError, build_notebooks
     from workbench.publish.slides import DECK_NOTEBOOK, export_slides
 
-    missing = [str(p) for p in args.notebooks if not p.is_file()]
-    if missing:
-        print(f"workbench build: no such notebook: {', '.join(missing)}", file=sys.stderr)
-        return 2
     config = "small" if args.small else "full" if args.full else "default"
     t0 = time.monotonic()
     printer = ProgressPrinter(args.out / "logs" / "progress.jsonl").start()
@@ -65,6 +64,46 @@ def _build(args) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """A mistake in the command line: printed as one line, exit 2."""
+
+
+def check_arguments(args) -> None:
+    """Refuse what would fail deep inside with a traceback: every notebook named must be a readable
+    ``.ipynb``, ``--out`` a folder that can be written, ``--theme`` a vendored theme.
+
+    Raises:
+        UsageError: saying what is wrong and what to do.
+    """
+    import nbformat
+
+    for path in args.notebooks:
+        if not path.is_file():
+            raise UsageError(f"no such notebook: {path} (give the path of an existing .ipynb)")
+        try:
+            nbformat.read(path, as_version=4)
+        except Exception as err:  # NotJSONError, a schema error, an undecodable file...
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            raise UsageError(f"{path} is not a readable notebook ({reason}); restore it, e.g. git checkout -- {path}") \
+                from None
+    out = getattr(args, "out", None)
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=out):
+                pass
+        except OSError as err:
+            raise UsageError(f"cannot write to --out {out} ({err.strerror or err}); choose a folder you can write") \
+                from None
+    theme = getattr(args, "theme", None)
+    if theme is not None:
+        from workbench.publish.slides import VENDOR_DIR
+
+        themes = sorted(p.stem for p in (VENDOR_DIR / "reveal.js" / "dist" / "theme").glob("*.css"))
+        if theme not in themes:
+            raise UsageError(f"unknown --theme {theme!r}; vendored themes: {', '.join(themes)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -86,8 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     slides.add_argument("--theme", default="workbench", help="a vendored reveal.js theme (default: workbench)")
     refresh = sub.add_parser("refresh", help="re-execute notebooks in place, in the form nbval checks")
     refresh.add_argument("notebooks", nargs="*", type=Path)
+    for command in (slides, refresh):
+        command.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     args = parser.parse_args(argv)
+    try:
+        check_arguments(args)
+        return _dispatch(args)
+    except UsageError as err:
+        if args.debug:
+            raise
+        print(f"workbench {args.command}: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a bug: one line here, the traceback with --debug
+        if args.debug:
+            raise
+        print(f"workbench {args.command} failed: {type(err).__name__}: {err} (run again with --debug for the "
+              f"traceback)", file=sys.stderr)
+        return 1
 
+
+def _dispatch(args) -> int:
     from workbench.publish import nbtools
 
     if args.command == "build":
