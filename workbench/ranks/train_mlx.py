@@ -9,6 +9,7 @@ import math
 import os
 import time
 
+from workbench.ranks.fingerprint import check_ranks_agree, plan_fingerprint
 from workbench.ranks.probes import (
     COLLECTIVE_KEYS,
     can_split_groups,
@@ -24,6 +25,7 @@ from workbench.runs.spec import RunSpec
 def train_mlx(spec: RunSpec, handle) -> dict:
     """Train one rank of ``spec`` (MLX), appending each step to ``handle``; returns the rank's report."""
     import mlx.core as mx
+    from mlx.utils import tree_flatten
 
     from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
     from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
@@ -49,6 +51,10 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     # Always ask for the norm (an infinite max_norm clips nothing) so every run records it.
     max_norm = spec.max_norm if spec.max_norm is not None else math.inf
     accum = dict(max_norm=max_norm, num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    fingerprint = plan_fingerprint(tree_flatten(model.parameters()), group_size=size, strategy=spec.strategy,
+                                   communication_size=spec.communication_size, clipping=spec.max_norm is not None,
+                                   num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    exchange_s = check_ranks_agree(group, fingerprint)  # once, before the plan is first used
     if spec.strategy == "fsdp-full":  # ZeRO-3: one unit per transformer block, plus the root
         trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=True, **accum)
     else:
@@ -79,6 +85,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
             "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": can_split_groups(group)},
             "collective_path": report.get("reduce_scatter_transport") or "all_reduce",
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
+            "fingerprint_exchange_s": exchange_s,
             "peak_array_bytes": peak_array_bytes(),
             "collectives": {kind: int(report.get(key, 0)) for kind, key in COLLECTIVE_KEYS.items()},
             "measured_memory": {"parameters": tree_nbytes(params), "optimizer_state": optimizer_state_bytes(opt),
