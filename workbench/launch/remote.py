@@ -172,8 +172,10 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
             cluster.start_engines_sync(n=plan.num_ranks, environment=env, engine_cmd=[hosts[0].python, "-m", ENGINE_MODULE],
                                        mpi_args=mpi_args(plan, ip, workdir, ssh_args))
         else:
+            settings = dict(slurm or {})
             cluster.start_engines_sync(n=plan.num_ranks, environment=env, engine_cmd=[hosts[0].python, "-m", ENGINE_MODULE],
-                                       **(slurm or {}))
+                                       batch_file_name=str(workdir / "slurm_engine.sbatch"), batch_template=slurm_template(plan, settings.pop("nodes", None)),
+                                       **settings)
         run.launchers.update(dict(enumerate(cluster.engines.values())))
         run.client = cluster.connect_client_sync()
         _identify(run, t0 + timeout_s)
@@ -188,6 +190,20 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
         raise EngineFailure(f"engines did not start on the hosts via {launcher}{which}: {_short(err)}", None) from err
     run.started_s = time.monotonic() - t0
     return run
+
+
+def slurm_template(plan: MultiHostPlan, nodes: list[str] | None = None) -> str:
+    """The ``sbatch`` script for ipyparallel's Slurm launcher that puts rank r on ``plan.host_of(r)``:
+    the hosts' Slurm node names (``nodes``, default: each host's name) in order, their slots in blocks."""
+    used = plan.used_hosts
+    nodes = list(nodes) if nodes else [h.name for h in used]
+    per_node = {plan.rank_hosts.count(i) for i in sorted(set(plan.rank_hosts))}
+    if len(per_node) != 1 or len(nodes) != len(used):
+        raise ValueError(f"launcher='slurm' needs the same ranks on every host and one node name per host "
+                         f"(ranks per host {sorted(per_node)}, nodes {nodes})")
+    return (f"#!/bin/sh\n#SBATCH --ntasks={{n}}\n#SBATCH --nodes={len(used)}\n#SBATCH --nodelist={','.join(nodes)}\n"
+            f"#SBATCH --ntasks-per-node={per_node.pop()}\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{{cluster_id}}\n"
+            "srun --distribution=block {program_and_args}\n")
 
 
 def _identify(run: RemoteEngineRun, deadline: float) -> None:
