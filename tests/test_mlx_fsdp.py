@@ -278,3 +278,24 @@ def test_caches_are_bounded_and_can_be_cleared():
     assert len(rows._PIECES) == 10
     clear_caches()
     assert rows._plan.cache_info().currsize == 0 and not rows._PIECES
+
+
+@pytest.mark.parametrize("layout", ["row", "flat"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_bucket_matrix_rows_are_the_plans_rows(layout, n):
+    """One copy of each array per bucket gives, row for row, what the plan's slices give (a transposed
+    array, as MLX hands back a weight's gradient, and flat padding included)."""
+    from workbench.adapters.mlx.rows import bucket_matrix, bucket_row
+
+    arrays = [mx.arange(8 * 12, dtype=mx.float32).reshape(12, 8).T, mx.arange(4, dtype=mx.float32) + 1000,
+              mx.arange(20, dtype=mx.float32).reshape(4, 5) + 2000]
+    if layout == "flat":
+        arrays.append(mx.arange(3, dtype=mx.float32) + 3000)  # 123 elements: padded to a multiple of n
+    spec = spec_from_mlx({f"p{i}": a for i, a in enumerate(arrays)})
+    for size in (0, 64, 2**20):
+        plan = plan_shards(plan_buckets(spec, size), n, layout)
+        for b in range(plan.buckets.num_buckets):
+            matrix = bucket_matrix(arrays, plan, b)
+            assert matrix.shape == (n, int(plan.bucket_chunk_elems[b]))
+            for k in range(n):
+                np.testing.assert_array_equal(np.array(matrix[k]), np.array(bucket_row(arrays, plan, k, b)))

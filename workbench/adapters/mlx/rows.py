@@ -78,6 +78,29 @@ def bucket_row(arrays: list[mx.array], plan: ShardPlan, rank: int, bucket: int) 
     return parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
 
+def bucket_matrix(arrays: list[mx.array], plan: ShardPlan, bucket: int) -> mx.array:
+    """``(N, c)``: row ``k`` is :func:`bucket_row` ``(arrays, plan, k, bucket)``, every row at once.
+
+    Each array is read once: ``reshape(N, -1)`` and one concatenation on axis 1 under ``row`` (as MLX's
+    own ``fsdp_apply_gradients`` does), the flattened arrays and the padding under ``flat``. Cutting
+    rows one by one instead flattened every array once per row, and a gradient MLX hands back
+    transposed is copied whole by each flattening: N full copies of the bucket under ``row`` at
+    4 ranks (954 ms against 321 ms for ``flat``, 24 MiB bucket, measured). Row ``k`` is a
+    contiguous view of the result.
+    """
+    idx = plan.buckets.bucket(bucket).tolist()
+    n = plan.num_shards
+    if plan.layout == "row":
+        parts = [arrays[i].reshape(n, -1) for i in idx]
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
+    parts = [arrays[i].reshape(-1) for i in idx]
+    padding = n * int(plan.bucket_chunk_elems[bucket]) - sum(arrays[i].size for i in idx)
+    if padding:
+        parts.append(mx.zeros((padding,), dtype=arrays[idx[0]].dtype))
+    flat = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    return flat.reshape(n, -1)
+
+
 def rebuild_arrays(gathered: mx.array, params: list[mx.array], plan: ShardPlan, bucket: int) -> list[mx.array]:
     """Split an all-gathered bucket (``(N * c,)``) back into the bucket's arrays."""
     idx = plan.buckets.bucket(bucket).tolist()

@@ -37,6 +37,16 @@ def has_sum_scatter(group: mx.distributed.Group) -> bool:
     return _SUM_SCATTER_SUPPORT[0]
 
 
+def resolve_transport(group: mx.distributed.Group, transport: str = "auto") -> str:
+    """The reduce-scatter transport ``transport`` names on this group: ``"auto"`` is ``"sum_scatter"``
+    where the backend has it, else the workbench's ``"ring"`` (on 4 CPU ring ranks its send/recv ring
+    reduce-scattered a 24 MiB bucket in 171-218 ms against 300-440 ms for ``all_sum`` and a slice,
+    measured); any other name is returned as it is."""
+    if transport != "auto":
+        return transport
+    return "sum_scatter" if group.size() > 1 and has_sum_scatter(group) else "ring"
+
+
 def make_hsdp_groups(fsdp_size: int, world: mx.distributed.Group | None = None):
     """Split the world into ``(fsdp_group, dp_group)``: shard within blocks of ``fsdp_size`` ranks.
 
@@ -105,15 +115,20 @@ def ring_reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Gr
     return acc
 
 
-def reduce_scatter(row: Callable[[int], mx.array], group: mx.distributed.Group, transport: str, stream: Any) -> mx.array:
+def reduce_scatter(rows: Callable[[int], mx.array] | mx.array, group: mx.distributed.Group, transport: str,
+                   stream: Any) -> mx.array:
     """This rank's row of the sum over ranks, by ``transport`` (one of :data:`REDUCE_SCATTER_TRANSPORTS` but
-    ``"auto"``); ``row(k)`` is the local row k, a 1-D array of the same length for every k."""
+    ``"auto"``). ``rows`` is the local ``(N, c)`` matrix whose row k is the local row k, or a function
+    ``row(k)`` giving each 1-D row of the same length (only the rows the transport needs are built)."""
     n = group.size()
+    matrix = rows if isinstance(rows, mx.array) else None
+    row = (lambda k: matrix[k]) if matrix is not None else rows
     if n == 1:
         return row(0)
     if transport in ("ring", "send_recv"):
         return ring_reduce_scatter(row, group, stream, exchange_at_two=transport == "ring")
-    matrix = mx.stack([row(k) for k in range(n)])
+    if matrix is None:
+        matrix = mx.stack([row(k) for k in range(n)])
     if transport == "sum_scatter":
         return mx.distributed.sum_scatter(matrix, group=group, stream=stream)[0]
     return mx.distributed.all_sum(matrix, group=group, stream=stream)[group.rank()]
