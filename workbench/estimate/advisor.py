@@ -1,0 +1,154 @@
+"""Which ``communication_size`` to use: the bucket size that minimises the predicted sync time.
+
+Users have asked for this tool (pytorch/pytorch#118421: "we ought to build a tool for users to find
+their own optimal size"). The model: for each candidate size, plan the buckets
+(:func:`workbench.core.buckets.plan_buckets`) and the shards (:func:`workbench.core.shards.plan_shards`),
+count each rank's collectives and bytes (:func:`workbench.estimate.comm.estimate_comm`) and price them with
+the machine's fitted alpha-beta links (:func:`workbench.estimate.comm.fit_alpha_beta`, one link per
+collective kind), plus a fixed cost per bucket that the links do not see (a framework's dispatch and
+synchronisation per bucket). Nothing overlaps: each bucket's latency adds to the bytes' time.
+
+With no overlap the sync time falls as buckets grow (fewer latencies) and flattens once the latencies
+are small beside the bytes; larger buckets then buy nothing but transient memory (a bucket's rows,
+receive buffer and gathered copy). So the advice is the *smallest* size whose predicted sync time is
+within ``tolerance`` of the minimum: the knee of the curve. Pure: standard library and NumPy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from workbench.core.buckets import plan_buckets
+from workbench.core.shards import plan_shards
+from workbench.core.specs import ModelSpec
+from workbench.core.units import KiB
+from workbench.estimate.comm import AlphaBeta, estimate_comm
+
+#: Strategies the advisor prices: DDP all-reduces each bucket; FSDP reduce-scatters and all-gathers it.
+ADVISED_STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SizePrediction:
+    """The prediction at one ``communication_size`` (bytes): buckets, sync and step seconds per step."""
+
+    communication_size: int
+    num_buckets: int
+    predicted_sync_s: float
+    predicted_step_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketAdvice:
+    """The recommended ``communication_size`` (bytes) and the predicted curve it was chosen from.
+
+    Attributes:
+        communication_size: The recommendation: the smallest candidate whose predicted sync time is
+            within ``tolerance`` of the minimum.
+        num_buckets: Buckets at the recommendation.
+        predicted_sync_s: Predicted seconds of one step's collectives at the recommendation.
+        predicted_step_s: ``base_s`` plus the sync time.
+        curve: Every candidate, smallest size first (to draw).
+        tolerance: The relative slack that picked the knee.
+    """
+
+    communication_size: int
+    num_buckets: int
+    predicted_sync_s: float
+    predicted_step_s: float
+    curve: tuple[SizePrediction, ...]
+    tolerance: float
+
+
+def default_sizes(spec: ModelSpec, smallest: int = 256 * KiB) -> tuple[int, ...]:
+    """Powers of two from ``smallest`` bytes up to the first one that holds the whole model (one bucket)."""
+    if smallest < 1:
+        raise ValueError(f"smallest must be >= 1 byte, got {smallest!r}.")
+    sizes, s = [], 1 << (int(smallest) - 1).bit_length()
+    while True:
+        sizes.append(s)
+        if s >= spec.nbytes:
+            return tuple(sizes)
+        s *= 2
+
+
+def _links_by_kind(links: Mapping, framework: str) -> dict[str, AlphaBeta]:
+    """``{kind: AlphaBeta}`` from either ``{kind: ...}`` or fit_links' ``{(framework, kind): ...}``."""
+    out = {}
+    for key, link in links.items():
+        if isinstance(key, tuple):
+            if key[0] == framework:
+                out[key[1]] = link
+        else:
+            out[key] = link
+    return out
+
+
+def predict_sync_curve(spec: ModelSpec, num_shards: int, links: Mapping, *, sizes: Sequence[int] | None = None,
+                       layout: str = "row", strategy: str = "fsdp", framework: str = "mlx",
+                       per_bucket_s: float = 0.0, base_s: float = 0.0) -> tuple[SizePrediction, ...]:
+    """Predicted sync and step seconds per step at each candidate ``communication_size``.
+
+    Args:
+        spec: The model's parameters.
+        num_shards: N, the ranks in the group.
+        links: Fitted links by collective kind (``{"reduce_scatter": AlphaBeta, ...}``), or
+            ``fit_links``' ``{(framework, kind): AlphaBeta}``.
+        sizes: Candidate sizes in bytes (default :func:`default_sizes`), each > 0.
+        layout: ``"row"`` or ``"flat"`` (``"flat"`` pads each bucket to a multiple of N).
+        strategy: ``"fsdp"`` (reduce-scatter + all-gather per bucket) or ``"ddp"`` (all-reduce).
+        framework: Which framework's links to read from a ``fit_links`` mapping.
+        per_bucket_s: Seconds each bucket costs beyond its collectives' alpha (>= 0).
+        base_s: Seconds of the step that do not depend on the bucket size (gradient, update).
+
+    Raises:
+        ValueError: on a bad knob, naming it; a missing link names the kind.
+    """
+    if strategy not in ADVISED_STRATEGIES:
+        raise ValueError(f"Unknown strategy {strategy!r}; the advisor prices {', '.join(ADVISED_STRATEGIES)}.")
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}.")
+    if not per_bucket_s >= 0 or not base_s >= 0:
+        raise ValueError(f"per_bucket_s and base_s must be >= 0, got {per_bucket_s!r} and {base_s!r}.")
+    sizes = default_sizes(spec) if sizes is None else tuple(sizes)
+    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s <= 0]
+    if not sizes or bad:
+        raise ValueError(f"sizes must be positive integers (bytes), got {list(sizes)!r}.")
+    by_kind = _links_by_kind(links, framework)
+    curve = []
+    for size in sorted(set(sizes)):
+        buckets = plan_buckets(spec, size)
+        plan = plan_shards(buckets, num_shards, layout) if strategy == "fsdp" else buckets
+        comm = estimate_comm(plan, strategy, num_shards)
+        sync = 0.0
+        for c in comm.collectives:
+            if c.num_collectives and num_shards > 1:
+                if c.kind not in by_kind:
+                    raise ValueError(f"No fitted link for {framework} {c.kind}: measure that collective first.")
+                sync += float(by_kind[c.kind].predict_s(c.rank_bytes, c.num_steps))
+        sync += per_bucket_s * buckets.num_buckets
+        curve.append(SizePrediction(communication_size=size, num_buckets=buckets.num_buckets,
+                                    predicted_sync_s=sync, predicted_step_s=base_s + sync))
+    return tuple(curve)
+
+
+def recommend_communication_size(spec: ModelSpec, num_shards: int, links: Mapping, *,
+                                 sizes: Sequence[int] | None = None, layout: str = "row", strategy: str = "fsdp",
+                                 framework: str = "mlx", per_bucket_s: float = 0.0, base_s: float = 0.0,
+                                 tolerance: float = 0.01) -> BucketAdvice:
+    """The bucket size (bytes) to pass as ``communication_size``, and the predicted curve.
+
+    Takes the smallest candidate whose predicted sync time is at most ``(1 + tolerance)`` times the
+    smallest predicted: beyond that knee a larger bucket saves almost no time and costs transient
+    memory. Arguments as :func:`predict_sync_curve`; ``tolerance`` >= 0 (0 takes the exact minimum).
+    """
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance!r}.")
+    curve = predict_sync_curve(spec, num_shards, links, sizes=sizes, layout=layout, strategy=strategy,
+                               framework=framework, per_bucket_s=per_bucket_s, base_s=base_s)
+    best = min(p.predicted_sync_s for p in curve)
+    pick = next(p for p in curve if p.predicted_sync_s <= best * (1 + tolerance))
+    return BucketAdvice(communication_size=pick.communication_size, num_buckets=pick.num_buckets,
+                        predicted_sync_s=pick.predicted_sync_s, predicted_step_s=pick.predicted_step_s,
+                        curve=curve, tolerance=float(tolerance))
