@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.launch.plan import LaunchPlan, plan_launch, thread_env
+from workbench.ranks.jax_fsdp_check import GLOO_HOST_ENV
 
 #: Ports drawn for rendezvous on remote hosts: below Linux's default ephemeral range (32768-60999).
 REMOTE_PORTS = range(20000, 32000)
@@ -213,5 +214,8 @@ def plan_hosts_launch(hosts, num_ranks: int | None = None, *, framework: str = "
     busiest = max((placement.count(i) for i in set(placement)), default=1)
     base = plan_launch(num_ranks, framework=framework, backend=backend, host=hf.hosts[0].address, ports=ports,
                        env={**thread_env(busiest), **(env or {})})
+    rank_env = base.rank_env
+    if framework == "jax":  # gloo listens on each rank's own host (the coordinator's address exists on host 0 only)
+        rank_env = tuple({**e, GLOO_HOST_ENV: hf.hosts[placement[r]].address} for r, e in enumerate(rank_env))
     return MultiHostPlan(framework=base.framework, backend=base.backend, num_ranks=base.num_ranks, host=base.host,
-                         ports=base.ports, rank_env=base.rank_env, hosts=hf.hosts, rank_hosts=placement)
+                         ports=base.ports, rank_env=rank_env, hosts=hf.hosts, rank_hosts=placement)

@@ -179,8 +179,6 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
         run.launchers.update(dict(enumerate(cluster.engines.values())))
         run.client = cluster.connect_client_sync()
         _identify(run, t0 + timeout_s)
-        if plan.framework == "jax":
-            _bind_gloo(run, t0 + timeout_s)
     except BaseException as err:
         run.stop()
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
@@ -219,26 +217,6 @@ def _identify(run: RemoteEngineRun, deadline: float) -> None:
         run.rank_engine[rank] = eid
         h = run.plan.host_of(rank)
         run.rank_hosts[rank] = {"host": h.name, "address": h.address, "hostname": hostname, "pid": pid}
-
-
-def _bind_gloo(run: RemoteEngineRun, deadline: float) -> None:
-    """Bind each JAX rank's gloo to its own host's address before the run initialises JAX.
-
-    ``workbench.ranks.jax_fsdp_check.initialize_jax`` binds gloo to the coordinator's host, which is
-    right on one machine and impossible on any other host ("bind(2) ... Cannot assign requested
-    address"). Its ``bind_gloo_to`` leaves an already-bound factory alone, so binding first, here, wins.
-    """
-    asks = {r: run.client[run.rank_engine[r]].apply_async(bind_gloo_here, h["address"]) for r, h in run.rank_hosts.items()}
-    for r, ask in asks.items():
-        if not ask.get(timeout=max(1.0, deadline - time.monotonic())):
-            raise RuntimeError(f"rank {r}: this JAX has no gloo factory to bind to {run.rank_hosts[r]['address']}")
-
-
-def bind_gloo_here(address: str) -> bool:
-    """Run on an engine: bind gloo (when JAX starts it) to ``address``."""
-    from workbench.ranks.jax_fsdp_check import bind_gloo_to
-
-    return bind_gloo_to(address)
 
 
 def _short(err: BaseException) -> str:

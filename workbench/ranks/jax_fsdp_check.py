@@ -132,6 +132,10 @@ def run_configs(mesh, params: dict, batch: tuple, *, steps: int, communication_s
     return results
 
 
+#: The address this rank's gloo listens on, where it is not the coordinator's host (another host).
+GLOO_HOST_ENV = "WORKBENCH_GLOO_HOST"
+
+
 def bind_gloo_to(host: str) -> bool:
     """Make gloo listen on ``host`` only; returns whether the hook was installed.
 
@@ -165,13 +169,14 @@ BACKENDS = ("gloo", "default")
 def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, backend: str = "gloo",
                    timeout_s: int = 60) -> bool:
     """``jax.distributed.initialize`` on the coordinator's interface; with gloo, CPU collectives
-    over gloo bound to that host. Returns whether gloo was bound (see :func:`bind_gloo_to`)."""
+    over gloo bound to this rank's host: ``$WORKBENCH_GLOO_HOST`` (set per rank by a multi-host plan),
+    else the coordinator's host. Returns whether gloo was bound (see :func:`bind_gloo_to`)."""
     import jax
 
     gloo_bound = False
     if backend == "gloo":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        gloo_bound = bind_gloo_to(coordinator.rsplit(":", 1)[0])
+        gloo_bound = bind_gloo_to(os.environ.get(GLOO_HOST_ENV) or coordinator.rsplit(":", 1)[0])
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
                                coordinator_bind_address=coordinator,  # listen on the coordinator's interface only
                                initialization_timeout=timeout_s)
