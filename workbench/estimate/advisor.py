@@ -17,7 +17,7 @@ within ``tolerance`` of the minimum: the knee of the curve. Pure: standard libra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards

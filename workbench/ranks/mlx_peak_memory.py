@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--layout", default="row", choices=["row", "flat"])
     args = parser.parse_args()
     world = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
-    N = world.size()  # noqa: N806 (MLX's name)
+    N = world.size()  # MLX's name
     mx.random.seed(42)
     params = {"w1": mx.random.normal((N * 1024, 1024)), "w2": mx.random.normal((N * 2048, 512))}
     grads = {"w1": mx.random.normal((N * 1024, 1024)), "w2": mx.random.normal((N * 2048, 512))}

@@ -1,11 +1,19 @@
 """One rank of the MLX step-time benchmark (driven by ``benchmarks/bench_fsdp_step.py``).
 
     python -m workbench.ranks.mlx_step_timing --out DIR [--hidden 2048] [--layers 6] [--steps 12]
+        [--strategies ddp,fsdp-row,fsdp-flat] [--phases] [--communication-size BYTES ...]
+        [--link-sizes BYTES ...]
 
 Every strategy keeps its own parameters and optimizer; each step runs every strategy once,
 in turn (interleaved, so drift in machine load hits them alike). A step is timed from the
 gradient computation to the evaluated new parameters, behind a barrier so ranks start
-together. Writes ``DIR/rank{r}.json`` with per-step times and optimizer-state bytes.
+together. With several ``--communication-size`` values each (strategy, size) pair is one
+entry, named ``strategy@bytes``. ``--phases`` adds, per FSDP layout, a step cut into its
+parts with an evaluation between each (``phases_s``: gradient, bucket rows, reduce-scatter,
+update, all-gather, rebuild): slower than the real step, but it says where the time goes.
+``--link-sizes`` first times all-gather and reduce-scatter alone at those sizes
+(:func:`workbench.ranks.collective_timing.bench_rank`), for the bucket-size advisor's links.
+Writes ``DIR/rank{r}.json`` with per-step times and optimizer-state bytes.
 """
 
 from __future__ import annotations
@@ -19,21 +27,78 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
-from workbench.adapters.mlx.fsdp import ddp_apply_gradients, fsdp_apply_gradients, optimizer_state_bytes
+from workbench.adapters.mlx.fsdp import (
+    ddp_apply_gradients,
+    fsdp_apply_gradients,
+    optimizer_state_bytes,
+)
+from workbench.adapters.mlx.rows import (
+    bucket_matrix,
+    bucket_row,
+    get_plan,
+    rebuild_arrays,
+)
+from workbench.adapters.mlx.transport import (
+    all_gather,
+    reduce_scatter,
+    resolve_transport,
+)
 from workbench.core.units import MiB
+from workbench.ranks.collective_timing import bench_rank
 from workbench.ranks.mlx_fsdp_check import build_params, mlp_loss
 
 STRATEGIES = {
     "ddp": None,
-    "fsdp-row": dict(layout="row", reduce_scatter="ring"),
-    "fsdp-flat": dict(layout="flat", reduce_scatter="ring"),
+    "fsdp-row": dict(layout="row", reduce_scatter="auto"),
+    "fsdp-flat": dict(layout="flat", reduce_scatter="auto"),
     "fsdp-row-sendrecv": dict(layout="row", reduce_scatter="send_recv"),
     "fsdp-flat-sendrecv": dict(layout="flat", reduce_scatter="send_recv"),
     "fsdp-row-allsum": dict(layout="row", reduce_scatter="all_sum"),
     "fsdp-flat-allsum": dict(layout="flat", reduce_scatter="all_sum"),
 }
+DEFAULT_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat")
+PHASES = ("grad", "rows", "reduce_scatter", "update", "all_gather", "rebuild")
+
+
+def phased_step(params, opt, grad_fn, x, y, layout: str, communication_size: int, group, barrier) -> tuple[dict, dict]:
+    """One FSDP step (no clipping) cut into :data:`PHASES`, each evaluated and timed on its own.
+
+    Returns ``(new params, {phase: seconds})``. The parts are the real step's functions
+    (:func:`~workbench.adapters.mlx.rows.bucket_matrix`, the reduce-scatter transport ``"auto"``
+    resolves to, the optimizer, :func:`~workbench.adapters.mlx.transport.all_gather`,
+    :func:`~workbench.adapters.mlx.rows.rebuild_arrays`).
+    """
+    n, rank = group.size(), group.rank()
+    times = {}
+
+    def timed(name, fn):
+        mx.eval(mx.distributed.all_sum(barrier, group=group))
+        t0 = time.perf_counter()
+        out = fn()
+        mx.eval(out)
+        times[name] = times.get(name, 0.0) + time.perf_counter() - t0
+        return out
+
+    _, grads = timed("grad", lambda: grad_fn(params, x, y))
+    flat = tree_flatten(params)
+    arrays, gl = [a for _, a in flat], [g for _, g in tree_flatten(grads)]
+    plan = get_plan(flat, communication_size, n, layout)
+    num_b = plan.buckets.num_buckets
+    transport = resolve_transport(group, "auto")
+    mats = timed("rows", lambda: [bucket_matrix(gl, plan, b) for b in range(num_b)])
+    shards = timed("reduce_scatter", lambda: {str(b): reduce_scatter(mats[b], group, transport, None) / n
+                                              for b in range(num_b)})
+    new = timed("update", lambda: opt.apply_gradients(shards, {str(b): bucket_row(arrays, plan, rank, b)
+                                                              for b in range(num_b)}))
+    gathered = timed("all_gather", lambda: [all_gather(new[str(b)], group, None) for b in range(num_b)])
+    rebuilt = timed("rebuild", lambda: [rebuild_arrays(gathered[b], arrays, plan, b) for b in range(num_b)])
+    updated = list(flat)
+    for b in range(num_b):
+        for i, a in zip(plan.buckets.bucket(b).tolist(), rebuilt[b]):
+            updated[i] = (flat[i][0], a)
+    return tree_unflatten(updated), times
 
 
 def main() -> None:
@@ -43,35 +108,60 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--communication-size", type=int, default=32 * MiB)
+    parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                        help=f"comma-separated, from {', '.join(STRATEGIES)}")
+    parser.add_argument("--communication-size", type=int, nargs="+", default=[32 * MiB])
+    parser.add_argument("--phases", action="store_true", help="also time each FSDP layout's step part by part")
+    parser.add_argument("--link-sizes", type=int, nargs="*", default=[],
+                        help="first time all-gather and reduce-scatter at these sizes (bytes), as the collective "
+                             "benchmark does, for an alpha-beta fit")
     args = parser.parse_args()
+    names = args.strategies.split(",")
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown:
+        raise SystemExit(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
     group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
     rank, size = group.rank(), group.size()
+    link_times = {}
+    if args.link_sizes:
+        link_times = bench_rank({"framework": "mlx", "kinds": ["all_gather", "reduce_scatter"],
+                                 "sizes_bytes": args.link_sizes, "iters": 5})["times_s"]
+    sizes = args.communication_size
+    entries = {(f"{s}@{c}" if len(sizes) > 1 else s): (s, c) for c in sizes for s in names}
+    layouts = sorted({STRATEGIES[s]["layout"] for s in names if STRATEGIES[s]}) if args.phases else []
     dims = (args.hidden,) * (args.layers + 1)
-    params = {name: build_params(dims, seed=3, dtype=mx.float32) for name in STRATEGIES}
-    opts = {name: optim.AdamW(learning_rate=1e-4) for name in STRATEGIES}
+    params = {name: build_params(dims, seed=3, dtype=mx.float32) for name in [*entries, *(f"phases-{lay}" for lay in layouts)]}
+    opts = {name: optim.AdamW(learning_rate=1e-4) for name in params}
     grad_fn = mx.value_and_grad(mlp_loss)
     rng = np.random.default_rng(rank)
     x = mx.array(rng.normal(size=(args.batch // size, args.hidden)).astype(np.float32))
     y = mx.array(rng.normal(size=(args.batch // size, args.hidden)).astype(np.float32))
-    times = {name: [] for name in STRATEGIES}
+    times = {name: [] for name in entries}
+    phases = {lay: {p: [] for p in PHASES} for lay in layouts}
     barrier = mx.zeros((1,))
     for _ in range(args.steps):
-        for name, kw in STRATEGIES.items():
+        for name, (strategy, comm_size) in entries.items():
+            kw = STRATEGIES[strategy]
             mx.eval(mx.distributed.all_sum(barrier))
             t0 = time.perf_counter()
             _, g = grad_fn(params[name], x, y)
             if kw is None:
-                params[name] = ddp_apply_gradients(g, params[name], opts[name], communication_size=args.communication_size)
+                params[name] = ddp_apply_gradients(g, params[name], opts[name], communication_size=comm_size)
             else:
-                params[name] = fsdp_apply_gradients(g, params[name], opts[name], communication_size=args.communication_size, **kw)
+                params[name] = fsdp_apply_gradients(g, params[name], opts[name], communication_size=comm_size, **kw)
             mx.eval(params[name], opts[name].state)
             times[name].append(time.perf_counter() - t0)
-    num_params = sum(v.size for _, v in tree_flatten(params["ddp"]))
+        for lay in layouts:
+            key = f"phases-{lay}"
+            params[key], parts = phased_step(params[key], opts[key], grad_fn, x, y, lay, sizes[0], group, barrier)
+            for p, t in parts.items():
+                phases[lay][p].append(t)
+    num_params = sum(v.size for _, v in tree_flatten(params[next(iter(entries))]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "size": size, "num_params": num_params, "times_s": times,
-        "optimizer_state_bytes": {name: optimizer_state_bytes(o) for name, o in opts.items()},
+        "rank": rank, "size": size, "num_params": num_params, "times_s": times, "phases_s": phases,
+        "communication_sizes": sizes, "link_times_s": link_times, "reduce_scatter_transport": resolve_transport(group, "auto"),
+        "optimizer_state_bytes": {name: optimizer_state_bytes(opts[name]) for name in entries},
         "peak_memory_bytes": mx.get_peak_memory(),
     }))
 
