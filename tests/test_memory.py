@@ -279,3 +279,28 @@ def test_deferred_sync_costs_the_unsharded_accumulator_and_for_zero3_the_gathere
 def test_bad_accumulation_knobs_are_named(kwargs, knob):
     with pytest.raises(ValueError, match=knob):
         estimate_memory(10**6, "fsdp", 4, **kwargs)
+
+
+def test_knobs_that_would_mislead_are_refused_naming_them():
+    """Issue 14, item 13: fractional experts, a string for a flag, another model's plan, NumPy counts."""
+    import numpy as np
+
+    from workbench import plan_buckets
+    from workbench.core.presets import get_preset
+    from workbench.estimate.comm import estimate_comm
+
+    moe = get_preset("mixtral-8x7b")
+    with pytest.raises(ValueError, match="expert_parallel=3 must divide the 8 experts"):
+        estimate_memory(moe, "zero3", 8, expert_parallel=3)
+    assert estimate_memory(moe, "zero3", 8, expert_parallel=4).total_bytes > 0
+    with pytest.raises(ValueError, match="reshard_after_forward must be True or False, got 'no'"):
+        estimate_memory(10**9, "zero3", 8, reshard_after_forward="no")
+    gpt2, llama = get_preset("gpt2"), get_preset("llama-3-8b")
+    with pytest.raises(ValueError, match="reshard_after_forward must be True or False"):
+        estimate_comm(plan_buckets(gpt2, 2**25), "zero3", 8, reshard_after_forward="no")
+    with pytest.raises(ValueError, match="bucket_plan is of model 'gpt2'"):
+        estimate_memory(llama, "ddp", 8, bucket_plan=plan_buckets(gpt2, 2**25))
+    same = estimate_memory(10**9, "zero3", np.int64(8), activation_bytes=np.int64(1024))
+    assert same.as_dict() == estimate_memory(10**9, "zero3", 8, activation_bytes=1024).as_dict()
+    with pytest.raises(ValueError, match="num_shards must be an integer >= 1, got 2.5"):
+        estimate_memory(10**9, "zero3", 2.5)

@@ -173,11 +173,13 @@ def estimate_comm(plan: BucketPlan | ShardPlan, strategy: str = "fsdp", num_shar
         reshard_after_forward: ``zero3`` / ``hsdp``: re-gather in backward (3 Psi instead of 2 Psi).
 
     Raises:
-        ValueError: on an unknown strategy, ``num_shards`` missing, < 1 or not the plan's,
+        ValueError: on an unknown strategy, a non-boolean ``reshard_after_forward``, ``num_shards`` missing, < 1 or not the plan's,
             ``num_replicas`` != 1 outside ``hsdp``, or a greedy plan under a sharding strategy.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(f"reshard_after_forward must be True or False, got {reshard_after_forward!r}.")
     r = _ranks("num_replicas", num_replicas)
     if strategy != "hsdp" and r != 1:
         raise ValueError(f"num_replicas={r} applies to strategy 'hsdp' only; got strategy {strategy!r}.")

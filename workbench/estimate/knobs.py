@@ -8,8 +8,11 @@ resolves the rest (a default ``param_dtype`` from the spec, the expert parameter
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Mapping
+
+import numpy as np
 
 from workbench.core.buckets import BucketPlan
 from workbench.core.shards import ShardPlan
@@ -29,9 +32,10 @@ SHARDED_STATES = {"ddp": (False, False, False), "zero1": (False, False, True), "
 
 
 def count_knob(knob: str, value: object, minimum: int = 0) -> int:
-    """``value`` as an int, if it is a whole number >= ``minimum``; else a ValueError naming ``knob``."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value != int(value) or value < minimum):
+    """``value`` as an int, if it is a whole number >= ``minimum`` (Python or NumPy integers, or whole floats
+    such as ``1e9``); else a ValueError naming ``knob``."""
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, float))
+            or not math.isfinite(value) or value != int(value) or value < minimum):
         raise ValueError(f"{knob} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
 

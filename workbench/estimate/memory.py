@@ -31,6 +31,7 @@ Pure: standard library and NumPy only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from workbench.core.presets import is_expert_param
@@ -131,6 +132,7 @@ def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp"
     spec = model if isinstance(model, ModelSpec) else None
     psi = spec.num_params if spec is not None else count_knob("model (parameter count)", model)
     psi_e = _expert_params(spec, psi, k.expert_parallel)
+    _check_plans_fit(k, spec, psi)
     b = _Bytes.of(k, spec)
     rows = _state_rows(k, b, psi, psi_e)
     rows.append(_padding_row(k, b))
@@ -146,6 +148,10 @@ def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp"
                           components=tuple(rows))
 
 
+#: The expert index in a routed expert's path (``...experts.<e>.``).
+_EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
+
+
 def _expert_params(spec: ModelSpec | None, psi: int, expert_parallel: int | None) -> int:
     """Routed-expert parameters held outside the FSDP group (0 without expert parallelism)."""
     if expert_parallel is None:
@@ -157,7 +163,22 @@ def _expert_params(spec: ModelSpec | None, psi: int, expert_parallel: int | None
     if not psi_e:
         raise ValueError(f"expert_parallel={expert_parallel}: spec {spec.name!r} has no expert parameters (paths "
                          "with 'experts.<e>.'); use expert_parallel=None for a dense model.")
+    num_experts = len({m.group(1) for p in spec if (m := _EXPERT_INDEX.search(p.path))})
+    if num_experts % expert_parallel:
+        raise ValueError(f"expert_parallel={expert_parallel} must divide the {num_experts} experts per block of "
+                         f"{spec.name!r} (each expert-parallel rank holds whole experts).")
     return psi_e
+
+
+def _check_plans_fit(k: MemoryKnobs, spec: ModelSpec | None, psi: int) -> None:
+    """A bucket or shard plan must be of this model (the plans of another model give wrong buffers)."""
+    plans = (("bucket_plan", k.bucket_plan), ("shard_plan", k.shard_plan.buckets if k.shard_plan else None))
+    for knob, plan in plans:
+        if plan is None or k.expert_parallel is not None:  # with experts outside FSDP, plans cover the rest
+            continue
+        if plan.spec.num_params != psi or (spec is not None and plan.spec.paths != spec.paths):
+            raise ValueError(f"{knob} is of model {plan.spec.name!r} ({plan.spec.num_params:,} parameters), not of "
+                             f"the model estimated ({psi:,} parameters); plan the buckets of this model.")
 
 
 @dataclass(frozen=True)
