@@ -56,6 +56,21 @@ def test_fsdp_parameters_equal_ddp_after_several_steps(ring_run):
     assert checked == 20  # 16 grid cases (sgd/adamw x fp32/bf16 x row/flat x clip) + 4 others
 
 
+def test_fsdp_is_mlx_v0320_fsdp_apply_gradients_bit_for_bit_at_two_ranks(ring_run):
+    """Against MLX v0.32.0's own algorithm (ranks.mlx_fsdp_check.mlx_v0320_fsdp_apply_gradients), fp32
+    AdamW, 3 steps: identical bits at 2 ranks, where every sum is a + b; at 4 ranks the ring adds in
+    another order than all_sum, so within the fp32 tolerance."""
+    n, ranks = ring_run
+    for rank in ranks:
+        got, want = rank["bit_identity"]["workbench"], rank["bit_identity"]["mlx_v0320"]
+        assert got.keys() == want.keys()
+        for path in want:
+            if n == 2:
+                assert got[path] == want[path], path
+            else:
+                assert_close(got[path], want[path], RTOL["float32"])
+
+
 def test_grad_norm_is_the_norm_of_the_averaged_gradient(ring_run):
     n, ranks = ring_run
     clipped = [res for res in ok_results(ranks) if res["case"]["max_norm"] is not None]

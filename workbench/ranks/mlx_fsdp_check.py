@@ -160,6 +160,52 @@ def run_case(case: dict, group, spy: Spy, steps: int, fsdp_group=None, dp_group=
     return out
 
 
+def mlx_v0320_fsdp_apply_gradients(gradients, parameters, optimizer, group, communication_size: int):
+    """MLX v0.32.0's ``fsdp_apply_gradients`` (``python/mlx/nn/utils.py``, no clipping, no ``dp_group``),
+    line for line but one change: the ring backend has no ``sum_scatter``, so ``all_sum`` and row ``r``
+    stand in for it (at 2 ranks every element is ``a + b`` either way). Groups come from the bucket
+    plan, which follows MLX's ``_group_by_size`` rule."""
+    from mlx.utils import tree_unflatten
+
+    s, rank = group.size(), group.rank()
+    flat_grads, flat_params = tree_flatten(gradients), tree_flatten(parameters)
+    buckets = get_plan(flat_params, communication_size, s, "row").buckets
+    groups = [buckets.bucket(b).tolist() for b in range(buckets.num_buckets)]
+    grad_slices, param_slices = {}, {}
+    for group_idx, arr_group in enumerate(groups):
+        big_grad = mx.concatenate([flat_grads[i][1].reshape(s, -1) for i in arr_group], axis=1)
+        grad_slices[group_idx] = mx.distributed.all_sum(big_grad, group=group)[rank:rank + 1] / s
+        big_param = mx.concatenate([flat_params[i][1].reshape(s, -1) for i in arr_group], axis=1)
+        param_slices[group_idx] = big_param[rank]
+    updated_param_slices = optimizer.apply_gradients(grad_slices, param_slices)
+    new_flat = []
+    for group_idx, arr_group in enumerate(groups):
+        big_gathered = mx.distributed.all_gather(updated_param_slices[group_idx], group=group)
+        split_indices = list(itertools.accumulate(flat_grads[i][1].size // s for i in arr_group))
+        parts = mx.split(big_gathered, split_indices[:-1], axis=1)
+        for idx_in_group, i in enumerate(arr_group):
+            new_flat.append((flat_grads[i][0], parts[idx_in_group].reshape(flat_grads[i][1].shape)))
+    return tree_unflatten(new_flat)
+
+
+def bit_identity_case(group, steps: int) -> dict:
+    """The workbench's step (row layout, ``"auto"`` reduce-scatter) against MLX v0.32.0's, fp32 AdamW:
+    the parameters after ``steps`` steps, as lists, for the test to compare exactly."""
+    dims, out = MODELS["even"], {}
+    for name in ("workbench", "mlx_v0320"):
+        params, opt = build_params(dims, seed=7, dtype=mx.float32), make_optimizer("adamw")
+        for step in range(steps):
+            x, y = batch(step, dims, group.rank(), group.size(), mx.float32)
+            _, grads = mx.value_and_grad(mlp_loss)(params, x, y)
+            if name == "workbench":
+                params = fsdp_apply_gradients(grads, params, opt, communication_size=256)
+            else:
+                params = mlx_v0320_fsdp_apply_gradients(grads, params, opt, group, communication_size=256)
+            mx.eval(params)
+        out[name] = tolist(params)
+    return out
+
+
 def cases(which: str) -> list[dict]:
     grid = itertools.product(["sgd", "adamw"], ["float32", "bfloat16"], ["row", "flat"], [None, 0.5])
     out = [dict(model="even", optimizer=o, dtype=d, layout=l, max_norm=m, communication_size=256, reduce_scatter="auto")
@@ -194,9 +240,10 @@ def main() -> None:
         fsdp_group = dp_group = None
     spy = Spy()
     results = [run_case(case, group, spy, args.steps, fsdp_group, dp_group) for case in cases(args.cases)]
+    bit_identity = bit_identity_case(group, args.steps)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{group.rank()}.json").write_text(
-        json.dumps({"rank": group.rank(), "size": group.size(), "results": results, "hsdp": hsdp,
+        json.dumps({"rank": group.rank(), "size": group.size(), "results": results, "hsdp": hsdp, "bit_identity": bit_identity,
                     "sum_scatter_supported": sum_scatter, "backend": backend}))
     # Free split groups now: left to interpreter exit, MLX frees their MPI communicators after
     # MPI_Finalize ("MPI_Comm_free() was called after MPI_FINALIZE") and the rank aborts.
