@@ -8,7 +8,7 @@ import pytest
 
 from workbench import MiB, ModelSpec, plan_buckets
 from workbench.core.presets import get_preset
-from workbench.views.plans import fig_bucket_layout, fig_layout_metrics
+from workbench.views.plans import fig_bucket_layout
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
 from workbench.views.widgets import FIGURES, build_layout_explorer
 
@@ -77,7 +77,6 @@ def test_figure_widgets_hold_the_figure_functions_output():
         "bucket_layout": fig_bucket_layout(explorer.bucket_plan),
         "shard_map": fig_shard_map({"row": plans["row"], "flat": plans["flat"]}, 2),
         "rank_load": fig_rank_load(plans),
-        "metrics": fig_layout_metrics(plans),
     }
     for name, fig in expected.items():
         shown, want = figure_json(explorer.figures[name]), figure_json(fig)
@@ -219,8 +218,7 @@ def test_bucket_control_is_a_typed_field_and_the_toggle_fits_one_line():
     assert explorer.figures["shard_map"].layout.title.text.startswith("Bucket 801 of")
     toggle = explorer.controls["layout"]
     assert toggle.style.button_width == "72px" and 3 * 72 + 60 < 440  # three buttons and the label in one row
-    assert all(fw.layout.width == FIGURE_WIDTH for name, fw in explorer.figures.items() if name != "metrics")
-    assert explorer.figures["metrics"].layout.width <= FIGURE_WIDTH
+    assert all(fw.layout.width == FIGURE_WIDTH for fw in explorer.figures.values())
 
 
 def test_code_line_reproduces_the_view():
@@ -256,3 +254,16 @@ def test_cost_line_is_the_communication_model():
     explorer.controls["layout"].value = "greedy"
     comm = estimate_comm(explorer.shard_plans["greedy"], "zero1")
     assert explorer.cost.value.startswith("cost (zero1, ") and f"{comm.num_collectives} collectives" in explorer.cost.value
+
+
+def test_metrics_table_is_html_with_every_row_and_no_empty_cell():
+    """Issue 18: the explorer's plotly table drew cells with a space blank and cut its header; the browser
+    now lays out an HTML table of the same cells (test_browser checks it drawn)."""
+    from workbench.views.tables import layout_metrics_html, layout_metrics_rows
+
+    explorer = build_layout_explorer("llama-3-8b", communication_size=32 * MiB, num_shards=8)
+    header, rows = layout_metrics_rows(explorer.shard_plans)
+    assert [r[0] for r in rows] == ["row", "flat", "greedy"] and all(all(c for c in r) for r in rows)
+    assert explorer.metrics.value == layout_metrics_html(explorer.shard_plans)
+    assert explorer.metrics.value.count("<tr>") == 4 and "white-space:nowrap" in explorer.metrics.value
+    assert explorer.metrics in explorer.children

@@ -45,6 +45,7 @@ class MemoryExplorer(widgets.VBox):
 
     def __init__(self, model: "ModelArg", num_shards: tuple[int, int], **values) -> None:
         super().__init__()
+        self.add_class("workbench-memory-explorer")  # for browser tests and user CSS
         from workbench.core.presets import list_presets
 
         estimate_breakdowns(model, num_shards=powers_between(*num_shards)[:1], **values)  # a bad knob raises here

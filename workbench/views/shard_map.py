@@ -191,10 +191,14 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int 
     title = (f"Bucket {bucket} of {bp.num_buckets}: {len(arrays)} arrays, "
              f"{format_bytes(bp.bucket_bytes[bucket])}<br><sup>{'; '.join(dict.fromkeys(notes)) or 'all ranks shown'}</sup>")
     legend_rows = -(-(len(group_paths) + 1) // 3)  # about three array paths fit a row
-    return figure(traces, {**layout, "barmode": "overlay", "shapes": shapes,
-                           "legend": dict(orientation="h", x=0, xanchor="left", y=-0.1, yanchor="top",
+    legend_px = 26 + 22 * legend_rows  # its title and rows
+    height = height or 150 + 24 * max_shown + legend_px + 60
+    margin = dict(l=60, r=20, t=80, b=60 + legend_px)
+    below_axis_title = -58 / max(height - margin["t"] - margin["b"], 1)  # in plot fractions: under the x title
+    return figure(traces, {**layout, "barmode": "overlay", "shapes": shapes, "margin": margin,
+                           "legend": dict(orientation="h", x=0, xanchor="left", y=below_axis_title, yanchor="top",
                                           font=dict(size=11), title=dict(text="arrays of the bucket:", side="top"))},
-                  title, height or 210 + 24 * max_shown + 24 * legend_rows)
+                  title, height)
 
 
 def fig_rank_load(plans: Mapping[str, ShardPlan], *, height: int | None = None) -> go.Figure:

@@ -19,17 +19,18 @@ from workbench.core.shards import LAYOUTS, ShardPlan, plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
 from workbench.estimate.comm import AlphaBeta, estimate_comm
-from workbench.views.plans import fig_bucket_layout, fig_layout_metrics
+from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
 from workbench.views.style import TEMPLATE, update_figure_widget
+from workbench.views.tables import layout_metrics_html
 
 #: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
 COMMUNICATION_SIZES = (0,) + tuple(2**k * MiB for k in range(9))
 #: Choices of the ``num_shards`` slider: powers of two from 1 to 1024.
 NUM_SHARDS = tuple(2**k for k in range(11))
 #: The FigureWidgets of an explorer, by name.
-FIGURES = ("bucket_layout", "shard_map", "metrics", "rank_load")
+FIGURES = ("bucket_layout", "shard_map", "rank_load")
 #: Width of an explorer's figures in pixels: JupyterLab's output area at a 1400 px window is 968 px, and
 #: a FigureWidget drawn before it is attached otherwise keeps plotly's default 700 px.
 FIGURE_WIDTH = 940
@@ -57,6 +58,8 @@ class LayoutExplorer(widgets.VBox):
         cost: An HTML line: collectives per step and their predicted time on the chosen link
             (:func:`~workbench.estimate.comm.estimate_comm`), beside the bytes.
         inspector: HTML: every slice the chosen rank holds (:mod:`workbench.views.rank_inspector`).
+        metrics: HTML: the layouts compared (:func:`workbench.views.tables.layout_metrics_html`; an HTML
+            table, laid out by the browser, where a plotly table drew blank cells before attach).
         code: HTML: the one call that reproduces this view.
         bucket_plan: The bucket plan on screen (``None`` before the first success).
         shard_plans: ``{layout: ShardPlan}`` on screen, the chosen layout first.
@@ -76,6 +79,7 @@ class LayoutExplorer(widgets.VBox):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
         super().__init__()
+        self.add_class("workbench-layout-explorer")  # for browser tests and user CSS
         from workbench.core import presets
 
         self._specs: dict[str, ModelSpec] = {}
@@ -112,7 +116,7 @@ class LayoutExplorer(widgets.VBox):
         self.figures: dict[str, go.FigureWidget] = {
             name: go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH)) for name in FIGURES
         }
-        self.status, self.cost, self.inspector, self.code = (widgets.HTML() for _ in range(4))
+        self.status, self.cost, self.inspector, self.code, self.metrics = (widgets.HTML() for _ in range(5))
         self.bucket_plan: BucketPlan | None = None
         self.shard_plans: dict[str, ShardPlan] = {}
         self._layout_keys: dict[str, set[str]] = {name: set() for name in FIGURES}
@@ -125,8 +129,7 @@ class LayoutExplorer(widgets.VBox):
             widgets.HBox([c["communication_size"], c["num_shards"]]),
             widgets.HBox([c["bucket"], c["rank"], c["link"]]),
             self.status, self.cost, self.code,
-            *(self.figures[name] for name in FIGURES[:2]), self.inspector,
-            *(self.figures[name] for name in FIGURES[2:]),
+            *(self.figures[name] for name in FIGURES[:2]), self.inspector, self.metrics, self.figures["rank_load"],
         ]
         for control in c.values():
             control.observe(self._on_change, names="value")
@@ -193,10 +196,9 @@ class LayoutExplorer(widgets.VBox):
                 "bucket_layout": fig_bucket_layout(bucket_plan),
                 "shard_map": fig_shard_map(compared, bucket, rank=rank),
                 "rank_load": fig_rank_load(plans),
-                "metrics": fig_layout_metrics(plans),
             }
             comm = estimate_comm(chosen, "zero1" if chosen.layout == "greedy" else "fsdp")
-            inspector = rank_inspector_html(chosen, rank)
+            inspector, metrics = rank_inspector_html(chosen, rank), layout_metrics_html(plans)
         except ValueError as err:
             self.status.value = (f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span> "
                                  "<i>(figures show the last valid settings)</i>")
@@ -224,7 +226,7 @@ class LayoutExplorer(widgets.VBox):
             f"cost ({comm.strategy}, {link_name}): {comm.num_collectives} collectives per step ({kinds}), "
             f"{format_bytes(int(comm.rank_bytes))} sent per rank, about "
             f"{comm.predict_s(LINKS[link_name]) * 1e3:.1f} ms of communication per step if none overlaps")
-        self.inspector.value = inspector
+        self.inspector.value, self.metrics.value = inspector, metrics
         self.code.value = f"<code style='user-select:all'>{html.escape(self.code_line())}</code>"
         return True
 
