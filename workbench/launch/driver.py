@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 from workbench.launch.engines import EngineFailure, EngineRun, run_on_fresh_ports
 from workbench.launch.remote import runner_for
 from workbench.ranks.entry import train_rank
+from workbench.runs.factory import import_paths
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, run_id_for
 
@@ -128,10 +129,14 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):
         return RunOutcome(run_id_for(spec_dict), "skipped")
+    from workbench.ranks.user_model import check_user_run
     from workbench.runs.estimate import estimate_run_memory
 
+    user_model = check_user_run(spec)  # a user's factory and data, checked here, before any engine starts
+    meta = {} if user_model is None else {"model_shapes": [[p.path, list(p.shape), p.dtype] for p in user_model.params]}
     backend = "none" if spec.num_ranks == 1 and spec.framework == "mlx" else "ring" if spec.framework == "mlx" else "gloo"
-    handle = store.create(spec_dict, meta={"backend": backend, "memory_estimate": estimate_run_memory(spec).as_dict()},
+    meta.update(backend=backend, memory_estimate=estimate_run_memory(spec, user_model).as_dict())
+    handle = store.create(spec_dict, meta=meta,
                           overwrite=not skip_done)
     try:
         return _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, timeout_s, progress, on_engines,
@@ -150,7 +155,8 @@ def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, time
         if on_engines is not None:
             on_engines(engines)
         watchdog = StepWatchdog(steps_path, step_timeout_s, startup_timeout_s, progress, spec.num_ranks)
-        return (engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id)] * spec.num_ranks,
+        paths = tuple(import_paths())  # the user's factory imports on the engines as here
+        return (engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id, paths)] * spec.num_ranks,
                               timeout_s=timeout_s, on_poll=watchdog, poll_s=0.1), engines.started_s)
 
     try:

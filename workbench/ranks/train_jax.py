@@ -223,43 +223,37 @@ def _to_global(tree, sharding):
 
 def _build_step(spec, mesh, replicated):
     """The step of ``spec.strategy`` with its initial parameters and optimizer state: ``(step, params, state)``."""
-    import jax.numpy as jnp
-
     from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
     from workbench.adapters.jax.zero3 import make_zero3_step
-    from workbench.models.init import init_lm_params
-    from workbench.models.jax_lm import make_loss_fn
+    from workbench.ranks.user_model import jax_params_and_loss, user_units
 
-    cfg = spec.config
-    params = init_lm_params(cfg, spec.init_seed)
-    if spec.precision == "bfloat16":
-        params = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
+    params, loss_fn = jax_params_and_loss(spec)  # the built-in LM, or the user's factory (spec.model_factory)
     opt = make_optimizer(spec)
     accum = dict(num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
     if spec.strategy == "fsdp-full":
-        apply_units, unit_loss, unit_paths = lm_units(cfg)
+        apply_units, unit_loss, unit_paths = (lm_units(spec.config) if spec.model_factory is None
+                                              else user_units(params, loss_fn))
         units = _to_global([{k: params[k] for k in paths} for paths in unit_paths], replicated)
         step = make_zero3_step(apply_units, unit_loss, units, opt, mesh, max_norm=spec.max_norm, **accum)
         p, state = step.init(units)
         return step, p, state
     p = _to_global(params, replicated)
     if spec.strategy == "ddp":
-        step = make_ddp_step(make_loss_fn(cfg), p, opt, mesh, max_norm=spec.max_norm, **accum)
+        step = make_ddp_step(loss_fn, p, opt, mesh, max_norm=spec.max_norm, **accum)
     else:
-        step = make_fsdp_step(make_loss_fn(cfg), p, opt, mesh, layout=spec.strategy.split("-")[1],
+        step = make_fsdp_step(loss_fn, p, opt, mesh, layout=spec.strategy.split("-")[1],
                               max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
     return step, p, step.init(p)
 
 
 def _batch_loader(spec, rows):
     """``batch_for_step(i)``: step i's global batch (inputs, targets), sharded by rows over the processes."""
-    from workbench.models.data import make_markov_chain, sample_batch
+    from workbench.ranks.user_model import global_batches
 
-    cfg = spec.config
-    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
+    global_batch = global_batches(spec)  # Markov chain or spec.data's token file
 
     def batch_for_step(step_index: int):
-        batch = sample_batch(chain, step_index, spec.global_batch, cfg.seq_len, seed=spec.data_seed)
+        batch = global_batch(step_index)
         return _to_global((np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])), rows)
 
     return batch_for_step

@@ -31,9 +31,8 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
     from workbench.adapters.mlx.fsdp import optimizer_state_bytes
     from workbench.adapters.mlx.transport import has_sum_scatter
-    from workbench.models.data import make_markov_chain, rank_slice, sample_batch
-    from workbench.models.init import init_lm_params
-    from workbench.models.mlx_lm import MLXLM, lm_loss, load_params
+    from workbench.models.data import rank_slice
+    from workbench.ranks.user_model import global_batches, mlx_model_and_loss
 
     backend = os.environ.get("WORKBENCH_BACKEND", "ring") if spec.num_ranks > 1 else "none"
     if spec.num_ranks == 1:  # no peers, no backend: MLX's group of one (a ring of one waits for a peer)
@@ -42,11 +41,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     else:
         group = mx.distributed.init(backend=backend, strict=True)
     rank, size = group.rank(), group.size()
-    cfg = spec.config
-    model = MLXLM(cfg)
-    load_params(model, init_lm_params(cfg, spec.init_seed))
-    if spec.precision == "bfloat16":
-        model.set_dtype(mx.bfloat16)
+    model, loss_fn = mlx_model_and_loss(spec)  # the built-in LM, or the user's factory (spec.model_factory)
     opt = make_mlx_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
     # Always ask for the norm (an infinite max_norm clips nothing) so every run records it.
     max_norm = spec.max_norm if spec.max_norm is not None else math.inf
@@ -65,13 +60,13 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     # one sync of the step), so activations are gone before the collective buffers and update copies
     # appear (the phases of workbench.estimate.memory), and reports the seconds spent syncing. Full sharding's
     # collectives run inside forward and backward: its sync time is not separable (None).
-    chain = make_markov_chain(cfg.vocab_size, seed=spec.data_seed, concentration=spec.concentration)
+    batch_for_step = global_batches(spec)  # Markov chain or spec.data's token file
     mx.reset_peak_memory()
     for step in range(spec.steps):
-        local = rank_slice(sample_batch(chain, step, spec.global_batch, cfg.seq_len, seed=spec.data_seed), rank, size)
+        local = rank_slice(batch_for_step(step), rank, size)
         inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
         t0 = time.perf_counter()
-        loss, norm = trainer.step(lm_loss, inputs, targets)
+        loss, norm = trainer.step(loss_fn, inputs, targets)
         t1 = time.perf_counter()
         handle.append_steps([{
             "step": step, "rank": rank, "loss": loss.item(), "grad_norm": norm.item(),

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
-from workbench.core.specs import DTYPE_BYTES, ModelSpec
+from workbench.core.specs import DTYPE_BYTES, ModelSpec, spec_from_flat
 from workbench.core.strategies import MODEL_STRATEGY
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.breakdown import MemoryEstimate
@@ -26,9 +26,22 @@ from workbench.models.init import LMConfig, lm_model_spec
 FRAMEWORK_UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
 
 
-def run_model_spec(spec: Any) -> ModelSpec:
-    """The parameter shapes of a run's LM, in its precision (``spec``: a RunSpec or its dict)."""
+def run_model_spec(spec: Any, model_shapes: Any = None) -> ModelSpec:
+    """The parameter shapes of a run's model, in its precision (``spec``: a RunSpec or its dict).
+
+    A user's model (``model_factory``) has no shapes in its spec: give ``model_shapes``, the
+    ``[[path, shape, dtype], ...]`` the driver stored in the run's record (``record["model_shapes"]``)
+    (:func:`workbench.ranks.user_model.user_model_spec`), or a :class:`ModelSpec`.
+    """
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    if isinstance(model_shapes, ModelSpec):
+        return model_shapes
+    if fields.get("model_factory") is not None:
+        if model_shapes is None:
+            raise ValueError(f"the run of model_factory={fields['model_factory']!r} needs its model's shapes: "
+                             "workbench.ranks.user_model.user_model_spec(spec), or the record's 'model_shapes'")
+        return spec_from_flat([(path, shape, fields["precision"]) for path, shape, _ in model_shapes],
+                              fields["model_factory"])
     return lm_model_spec(LMConfig(**fields["model"]), fields["precision"])
 
 
@@ -52,8 +65,17 @@ def estimate_run_activation_bytes(config: LMConfig, micro_batch_size: int, dtype
     return layers + 2 * s * b * config.vocab_size * 4
 
 
-def estimate_run_memory(spec: Any) -> MemoryEstimate:
+def estimate_user_activation_bytes(seq_len: int, micro_batch_size: int, vocab_size: int) -> int:
+    """Activations of a user's model for backward, as far as the workbench can know them from its spec:
+    the fp32 logits and their softmax, ``2 * s * b * V * 4`` (the model's inner activations are its own)."""
+    return 2 * seq_len * micro_batch_size * vocab_size * 4
+
+
+def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     """Per-rank memory estimate of a run (a :class:`~workbench.runs.spec.RunSpec` or its dict).
+
+    ``model_shapes``: a user model's parameters (:func:`run_model_spec`); ignored for the built-in LM.
+    A user model is one ZeRO-3 unit, and its activations are :func:`estimate_user_activation_bytes`.
 
     The bucket plan is MLX's rule at ``communication_size`` (the JAX FSDP step uses the same
     plan); ``fsdp-full`` is ZeRO-3 with one unit per transformer block plus the root. With
@@ -67,10 +89,9 @@ def estimate_run_memory(spec: Any) -> MemoryEstimate:
     if strategy not in MODEL_STRATEGY:
         raise ValueError(f"strategy {strategy!r} has no memory model; known: {', '.join(MODEL_STRATEGY)}.")
     g = fields.get("num_microbatches", 1)
-    model = run_model_spec(fields)
+    model = run_model_spec(fields, model_shapes)
     buckets = plan_buckets(model, fields["communication_size"])
     shard_plan = plan_shards(buckets, n, strategy.split("-")[1]) if strategy in ("fsdp-row", "fsdp-flat") else None
-    config = LMConfig(**fields["model"])
     defer = fields.get("defer_sync", True)
     # fsdp-full reshards after forward, so each unit recomputes its block in backward; deferred sync
     # (G > 1) runs the gathered model without the units' rematerialisation.
@@ -81,8 +102,14 @@ def estimate_run_memory(spec: Any) -> MemoryEstimate:
         shard_plan=shard_plan, update_copies=FRAMEWORK_UPDATE_COPIES[fields["framework"]],
         num_microbatches=g, defer_sync=defer,
         unit_buffers="mlx" if strategy == "fsdp-full" and fields["framework"] == "mlx" else "parameters_and_gradients",
-        activation_bytes=estimate_run_activation_bytes(config, fields["global_batch"] // (n * g), precision,
-                                                       recompute=recompute))
+        activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), recompute))
+
+
+def _activation_bytes(fields: Mapping[str, Any], micro_batch_size: int, recompute: bool) -> int:
+    if fields.get("model_factory") is not None:
+        return estimate_user_activation_bytes(fields["model"]["seq_len"], micro_batch_size, fields["model"]["vocab_size"])
+    return estimate_run_activation_bytes(LMConfig(**fields["model"]), micro_batch_size, fields["precision"],
+                                         recompute=recompute)
 
 
 def spec_from_row(run: Mapping[str, Any]) -> dict:

@@ -12,6 +12,7 @@ from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
 from workbench.core.strategies import RUN_STRATEGIES
 from workbench.core.units import MiB
+from workbench.runs.factory import check_data_file, resolve_factory, source_sha256
 from workbench.models.init import LMConfig, lm_model_spec
 
 STRATEGIES = RUN_STRATEGIES  # (workbench.core.strategies)
@@ -19,7 +20,8 @@ STRATEGIES = RUN_STRATEGIES  # (workbench.core.strategies)
 
 #: Fields added after runs were stored: :meth:`RunSpec.to_dict` leaves them out at these defaults,
 #: so a run's id (a hash of its dict) and every stored record stay valid.
-LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True}
+LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True, "model_factory": None, "model_source_sha256": None,
+                  "data": None, "data_dtype": None}
 
 
 DEFAULT_MODEL = dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)
@@ -40,7 +42,15 @@ class FrozenModel(dict):
 
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
-    """One training run. Field names are what error messages and stored records use."""
+    """One training run. Field names are what error messages and stored records use.
+
+    The model is the built-in LM (``model``: its :class:`~workbench.models.init.LMConfig` fields), or
+    the user's: ``model_factory="package.module:function"`` (the contract of ``examples/tiny_mlp_lm.py``),
+    with ``model={"vocab_size": V, "seq_len": T}`` (the tokens it takes; its shapes come from the
+    factory). ``model_source_sha256`` is filled in from the factory module's file, so the run id of a
+    changed model changes. The data are the Markov chain, or ``data``: a token file
+    (:func:`workbench.models.tokens.load_token_file`; ``data_dtype`` for a headerless ``.bin``).
+    """
 
     framework: str = "mlx"
     strategy: str = "ddp"
@@ -59,6 +69,10 @@ class RunSpec:
     concentration: float = 0.1
     num_microbatches: int = 1
     defer_sync: bool = True
+    model_factory: str | None = None
+    model_source_sha256: str | None = None
+    data: str | None = None
+    data_dtype: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -104,6 +118,8 @@ class RunSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or (name != "communication_size" and value < 0):
                 raise bad(name, "must be an integer" + ("" if name == "communication_size" else " >= 0"))
+        if self._check_user_inputs():  # the shards of a user's model are checked by the driver, which builds it
+            return
         config = self.config  # validates the model fields, naming them
         if self.strategy != "ddp":  # FSDP layouts, and ZeRO-3's per-array rows, must tile every array
             layout = "flat" if self.strategy == "fsdp-flat" else "row"
@@ -113,8 +129,37 @@ class RunSpec:
             except ValueError as err:
                 raise bad("strategy", str(err)) from None
 
+    def _check_user_inputs(self) -> bool:
+        """Validate ``model_factory``, ``model_source_sha256``, ``data``, ``data_dtype``; True for a user model."""
+        if self.model_source_sha256 is not None and self.model_factory is None:
+            raise ValueError("RunSpec.model_source_sha256: only a run with model_factory has a model source")
+        if self.data is None and self.data_dtype is not None:
+            raise ValueError(f"RunSpec.data_dtype={self.data_dtype!r}: given without data (a token file)")
+        if self.model_factory is not None:
+            _, source = resolve_factory("model_factory", self.model_factory)
+            digest = source_sha256(source)
+            if self.model_source_sha256 is None:
+                object.__setattr__(self, "model_source_sha256", digest)
+            elif self.model_source_sha256 != digest:
+                raise ValueError(f"RunSpec.model_source_sha256: {source} changed since this spec was made (a "
+                                 "different model, so a different run: leave model_source_sha256 out to run it)")
+            if set(self.model) != {"vocab_size", "seq_len"} or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in self.model.values()):
+                raise ValueError(f"RunSpec.model={dict(self.model)!r}: with model_factory, model holds exactly "
+                                 "vocab_size and seq_len, integers >= 1 (the tokens the model takes; its shapes come "
+                                 "from the factory)")
+        seq_len = self.model.get("seq_len")
+        if self.data is not None:
+            if self.model_factory is None:
+                seq_len = self.config.seq_len  # validates the LM's fields first
+            check_data_file("data", self.data, self.data_dtype, seq_len)
+        return self.model_factory is not None
+
     @property
     def config(self) -> LMConfig:
+        if self.model_factory is not None:
+            raise ValueError(f"RunSpec.config: a run of {self.model_factory} has no LMConfig (its model is the "
+                             "factory's); model holds vocab_size and seq_len only")
         try:
             return LMConfig(**self.model)
         except TypeError as err:

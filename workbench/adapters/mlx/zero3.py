@@ -168,9 +168,21 @@ class ShardedUnit(nn.Module):
         def backward(primals, cots, _):
             rows, inputs = primals
             full = self.gather(rows, cots if isinstance(cots, list) else [cots])  # again: the forward's copy is gone
-            fn = lambda *a: forward_full(list(a[:n_rows]), list(a[n_rows:]), rows)  # noqa: E731
-            _, grads = mx.vjp(fn, full + list(inputs), cots if isinstance(cots, list) else [cots])
-            return self.scatter(grads[:n_rows], scale), grads[n_rows:]
+            # Only floating inputs are differentiated: a unit fed token ids (an embedding at the root of a
+            # model with no other units) would ask MLX for the VJP of a gather w.r.t. its indices, an error.
+            floats = [i for i, a in enumerate(inputs) if mx.issubdtype(a.dtype, mx.floating)]
+
+            def fn(*a):
+                xs = list(inputs)
+                for i, x in zip(floats, a[n_rows:]):
+                    xs[i] = x
+                return forward_full(list(a[:n_rows]), xs, rows)
+
+            _, grads = mx.vjp(fn, full + [inputs[i] for i in floats], cots if isinstance(cots, list) else [cots])
+            input_grads = [mx.zeros_like(a) for a in inputs]
+            for i, g in zip(floats, grads[n_rows:]):
+                input_grads[i] = g
+            return self.scatter(grads[:n_rows], scale), input_grads
 
         def forward_full(full, inputs, rows):
             out = self._run(full, rows, inputs, kwargs)
