@@ -188,7 +188,7 @@ def test_breakdown_legend_is_beside_the_plot_and_numbers_do_not_run_together():
     assert len(texts) == 35 and len(shown) == 10  # the smallest and largest N of each of the five strategies
     assert {(x1, pos) for _, x1, pos in shown} == {("N=8", "top right"), ("N=512", "top left")}
     assert "numbers at the smallest and largest N" in fig.layout.title.text
-    two = fig_memory_breakdown(estimate_breakdowns("llama-3-8b", num_shards=(8, 64)))
+    two = fig_memory_breakdown(estimate_breakdowns("llama-3-8b", num_shards=(8, 64, 512)))
     assert all(text for t in two.data if t.name.startswith("peak") for text in t.text)
 
 

@@ -117,14 +117,14 @@ def breakdown_summary(estimates: Sequence[MemoryEstimate], unit: str = "GB") -> 
 
 
 def _labelled_peaks(estimates: Sequence[MemoryEstimate]) -> dict[int, str]:
-    """Which peaks get a number, and where: all with at most two N per strategy, else each strategy's
+    """Which peaks get a number, and where: all with at most three N per strategy, else each strategy's
     smallest and largest N (seven N side by side ran their numbers together, "159159159")."""
     chosen, by_strategy = {}, {}
     for i, e in enumerate(estimates):
         by_strategy.setdefault(e.strategy, []).append(i)
     for ks in by_strategy.values():
         ks = sorted(ks, key=lambda i: estimates[i].num_shards)
-        if len(ks) <= 2:
+        if len(ks) <= 3:
             chosen |= {i: "top center" for i in ks}
         else:  # each number leans into its own strategy, away from the neighbour's
             chosen |= {ks[0]: "top right", ks[-1]: "top left"}
