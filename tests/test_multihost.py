@@ -272,9 +272,12 @@ def test_the_collective_benchmark_runs_across_hosts_and_is_stored_beside_loopbac
     assert local != cross
     table = load_collective_benchmarks(tmp_path)
     assert set(table.run_id) == {local, cross}
-    fits = {run: fit_links(table[table.run_id == run]) for run in (local, cross)}
+    placements = dict(zip(table.run_id, table.placement))
+    assert placements == {local: "loopback", cross: "2 hosts (ssh)"}
+    fits = {run: fit_links(table, placements[run]) for run in (local, cross)}  # one link per placement, never mixed
     for run in (local, cross):
         assert set(fits[run]) == {("mlx", k) for k in ("all_reduce", "all_gather", "reduce_scatter")}
+    assert fits[local] != fits[cross]
     record = json.loads((tmp_path / cross / "record.json").read_text()) if (tmp_path / cross / "record.json").exists() else None
     if record is not None:
         assert record["spec"]["placement"]["launcher"] == "ssh"

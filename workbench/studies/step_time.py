@@ -153,10 +153,22 @@ def links_table(links: Mapping[tuple[str, str], AlphaBeta]) -> pd.DataFrame:
                          for (f, k), ab in sorted(links.items())])
 
 
+#: The placement of a benchmark run on one machine (its ranks talk over loopback).
+LOOPBACK = "loopback"
+
+
+def placement_label(placement: dict | None) -> str:
+    """Where a benchmark ran: :data:`LOOPBACK`, or e.g. ``"2 hosts (ssh)"`` from a cross-host spec's placement."""
+    if not placement:
+        return LOOPBACK
+    return f"{len(placement.get('hosts', []))} hosts ({placement.get('launcher', '?')})"
+
+
 def load_collective_benchmarks(root: Path | str) -> "pd.DataFrame":
     """Stored benchmarks under ``root`` as one row per (run, kind, size): ``time_s`` (max over
     ranks of each rank's median), ``algbw_bytes_per_s``, ``busbw_bytes_per_s``, ``rank_bytes``
-    (bytes each rank sends: ``V * bus factor``) and ``num_steps`` (ring latency terms)."""
+    (bytes each rank sends: ``V * bus factor``), ``num_steps`` (ring latency terms) and
+    ``placement`` (:func:`placement_label`: loopback, or the hosts a cross-host run used)."""
     import pandas as pd
 
     rows = []
@@ -174,20 +186,24 @@ def load_collective_benchmarks(root: Path | str) -> "pd.DataFrame":
             rows.append({"run_id": record["run_id"], "framework": spec["framework"], "num_ranks": n, "kind": kind,
                          "size_bytes": size, "time_s": t, "algbw_bytes_per_s": size / t,
                          "busbw_bytes_per_s": size / t * bus_factor(kind, n), "rank_bytes": size * bus_factor(kind, n),
-                         "num_steps": ring_steps(kind, n), "path": ranks[0]["paths"].get(kind, kind)})
+                         "num_steps": ring_steps(kind, n), "path": ranks[0]["paths"].get(kind, kind),
+                         "placement": placement_label(spec.get("placement"))})
     columns = ["run_id", "framework", "num_ranks", "kind", "size_bytes", "time_s", "algbw_bytes_per_s",
-               "busbw_bytes_per_s", "rank_bytes", "num_steps", "path"]
+               "busbw_bytes_per_s", "rank_bytes", "num_steps", "path", "placement"]
     return pd.DataFrame(rows, columns=columns).sort_values(["framework", "kind", "size_bytes"], ignore_index=True)
 
 
-def fit_links(table: "pd.DataFrame") -> dict[tuple[str, str], AlphaBeta]:
+def fit_links(table: "pd.DataFrame", placement: str = LOOPBACK) -> dict[tuple[str, str], AlphaBeta]:
     """Alpha-beta constants per ``(framework, kind)``, least squares of relative error over every
-    stored size (``t = alpha * ring steps + bytes sent per rank / beta``).
+    stored size (``t = alpha * ring steps + bytes sent per rank / beta``), from the rows of one
+    ``placement`` only (a link across hosts is another link than loopback).
 
     Raises:
         ValueError: naming the framework and kind whose times do not grow with size.
     """
     fits = {}
+    if "placement" in table:
+        table = table[table.placement == placement]
     for (framework, kind), g in table.groupby(["framework", "kind"], sort=True):
         try:
             fits[(framework, kind)] = fit_alpha_beta(g.rank_bytes.to_numpy(), g.time_s.to_numpy(), g.num_steps.to_numpy(),
