@@ -23,6 +23,9 @@ from pathlib import Path
 
 from workbench.core import paths
 
+#: The hosts file for cross-host cells, and their launcher (see :attr:`NotebookSettings.hosts`).
+HOSTS_ENV, LAUNCHER_ENV = "WORKBENCH_HOSTS", "WORKBENCH_LAUNCHER"
+
 
 @dataclass(frozen=True)
 class NotebookSettings:
@@ -42,6 +45,24 @@ class NotebookSettings:
         """This configuration's run store for ``name`` (:func:`runs_dir` of ``name``, ``name-small`` or
         ``name-full``), so configurations never mix their runs."""
         return runs_dir(name + {"small": "-small", "default": "", "full": "-full"}[self.config])
+
+    @property
+    def hosts(self) -> Path | None:
+        """The hosts file cross-host cells use: ``$WORKBENCH_HOSTS``, else ``notebooks/hosts.toml`` if it
+        exists, else None (runs stay on this machine). A named file that does not exist is an error."""
+        named = os.environ.get(HOSTS_ENV, "").strip()
+        if named:
+            path = Path(named).expanduser()
+            if not path.is_file():
+                raise ValueError(f"${HOSTS_ENV}={named!r}: no such hosts file.")
+            return path
+        default = paths.NOTEBOOK_DIR / "hosts.toml"
+        return default if default.is_file() else None
+
+    @property
+    def launcher(self) -> str:
+        """The launcher for :attr:`hosts`: ``$WORKBENCH_LAUNCHER`` (``ssh``, ``mpi`` or ``slurm``), default ``ssh``."""
+        return os.environ.get(LAUNCHER_ENV, "").strip() or "ssh"
 
     def pick(self, *, small, default, full=None):
         """The value for this configuration: ``STEPS = settings.pick(small=20, default=200)``
