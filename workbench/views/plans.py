@@ -147,9 +147,14 @@ def fig_bucket_layout(bucket_plan: BucketPlan, *, height: int = 420) -> go.Figur
 
 
 def _collectives(p: ShardPlan) -> str:
-    parts = [f"{num} {kind}" for num, kind in ((p.num_reduce_scatters, "reduce-scatter"), (p.num_all_gathers, "all-gather"),
-                                               (p.num_all_reduces, "all-reduce"), (p.num_broadcasts, "broadcast")) if num]
-    return "<br>+ ".join(parts)
+    parts = [f"{num} {kind}" for num, kind in ((p.num_reduce_scatters, "RS"), (p.num_all_gathers, "AG"),
+                                               (p.num_all_reduces, "AR"), (p.num_broadcasts, "bcast")) if num]
+    return " + ".join(parts)
+
+
+#: What the "of which" cells abbreviate; the table's subtitle says it. (One-line cells: plotly places a
+#: multi-line cell's text from measured line heights, which a hidden slide or unattached widget reads as 0.)
+COLLECTIVE_ABBREVIATIONS = "RS = reduce-scatter, AG = all-gather, AR = all-reduce, bcast = broadcast"
 
 
 #: Columns of :func:`fig_layout_metrics`: header (full words, units; ``<br>`` breaks lines), and the cell
@@ -172,10 +177,6 @@ METRIC_COLUMNS = (
 _CHAR_PX, _PAD_PX, _LINE_PX = 6.4, 14, 17
 
 
-def _lines(text: str) -> list[str]:
-    return text.split("<br>")
-
-
 def fig_layout_metrics(plans: Mapping[str, ShardPlan], *, height: int | None = None) -> go.Figure:
     """A table comparing layouts, one row per plan, from :meth:`ShardPlan.summary` (columns: :data:`METRIC_COLUMNS`).
 
@@ -190,17 +191,18 @@ def fig_layout_metrics(plans: Mapping[str, ShardPlan], *, height: int | None = N
     header = ["layout"] + [name for name, _ in METRIC_COLUMNS]
     rows = [[label] + [cell(plan.summary(), plan) for _, cell in METRIC_COLUMNS] for label, plan in plans.items()]
     columns = [list(col) for col in zip(header, *rows)]
-    widths = [_PAD_PX + _CHAR_PX * max(len(line) for text in col for line in _lines(text)) for col in columns]
-    header_h = 8 + _LINE_PX * max(len(_lines(h)) for h in header)
-    row_h = [8 + _LINE_PX * max(len(_lines(c)) for c in row) for row in rows]
+    widths = [_PAD_PX + _CHAR_PX * max(len(line) for text in col for line in text.split("<br>")) for col in columns]
+    header_h = 8 + _LINE_PX * max(len(h.split("<br>")) for h in header)
+    row_h = [8 + _LINE_PX * max(len(c.split("<br>")) for c in row) for row in rows]
     table = dict(
         type="table", columnwidth=widths,
         header=dict(values=[nbsp(h) for h in header], fill=dict(color="#E8EEF5"), align="left", height=header_h),
         cells=dict(values=[[nbsp(c) for c in col[1:]] for col in columns], align="left", height=max(row_h)),
     )
     bp = next(iter(plans.values())).buckets
-    title = f"Layouts compared: {bp.spec.name}, {bp.num_buckets} buckets (policy {bp.policy.name})"
-    margin = dict(l=10, r=10, t=50, b=10)
+    title = (f"Layouts compared: {bp.spec.name}, {bp.num_buckets} buckets (policy {bp.policy.name})"
+             f"<br><sup>collectives: {COLLECTIVE_ABBREVIATIONS}</sup>")
+    margin = dict(l=10, r=10, t=64, b=10)
     width = int(sum(widths)) + margin["l"] + margin["r"] + 4
     content_h = margin["t"] + header_h + max(row_h) * len(rows) + margin["b"] + 12
     return figure([table], dict(margin=margin, width=width, autosize=False), title, height or content_h)

@@ -11,7 +11,7 @@ import html
 from typing import Mapping
 
 from workbench.core.shards import ShardPlan
-from workbench.views.plans import METRIC_COLUMNS
+from workbench.views.plans import COLLECTIVE_ABBREVIATIONS, METRIC_COLUMNS
 
 
 def layout_metrics_rows(plans: Mapping[str, ShardPlan]) -> tuple[list[str], list[list[str]]]:
@@ -33,6 +33,7 @@ def layout_metrics_html(plans: Mapping[str, ShardPlan]) -> str:
     body = "".join("<tr>" + "".join(f"<td style='{cell}'>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
     bp = next(iter(plans.values())).buckets
     title = f"Layouts compared: {bp.spec.name}, {bp.num_buckets} buckets (policy {bp.policy.name})"
-    return (f"<div class='workbench-layout-metrics'><div style='font-size:14px;margin:8px 0'>{html.escape(title)}</div>"
+    return (f"<div class='workbench-layout-metrics'><div style='font-size:14px;margin:8px 0'>{html.escape(title)}"
+            f"<br><small>collectives: {COLLECTIVE_ABBREVIATIONS}</small></div>"
             f"<table style='border-collapse:collapse;font-size:12px'><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table></div>")
