@@ -117,7 +117,8 @@ def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 42
     groups = _coinciding(ys)
     note = "; ".join(f"{len(g)} runs coincide ({', '.join(g)})" for g in groups) or "no two runs coincide"
     fig = go.Figure(layout=dict(template=TEMPLATE, height=height, yaxis_title="loss (nats per token)",
-                                xaxis=dict(title="step", tickformat="d"),
+                                xaxis=dict(title="step", tick0=0, dtick=max(1, -(-int(curves.step.max() if len(curves) else 1)
+                                                                               // 10))),
                                 title=f"Convergence: every strategy on the same global batches<br><sup>{note}</sup>"))
     for k, (_, run) in enumerate(ordered):
         c = curves[curves.run_id == run.run_id]

@@ -42,7 +42,8 @@ class LiveProgress:
         # Whole steps only: plotly's automatic ticks read 0.5, 1.5 on a three-step run.
         self.figure = go.FigureWidget(layout=dict(template=TEMPLATE, height=260, margin=dict(t=30, b=30),
                                                   title=f"{label}: loss", yaxis_title="loss",
-                                                  xaxis=dict(title="step", tickformat="d", dtick=1, rangemode="tozero")))
+                                                  xaxis=dict(title="step", tick0=0, dtick=max(1, -(-spec.steps // 10)),
+                                                             rangemode="tozero")))
         self.figure.add_scatter(x=[], y=[], mode="lines", name="loss (mean over ranks)")
         if floor_nats is not None:
             self.figure.add_hline(y=floor_nats, line_dash="dash", annotation_text="entropy floor")
