@@ -2,7 +2,7 @@
 """A multi-host rig on one machine: each "host" is a Linux network namespace with its own sshd.
 
     python scripts/hosts_rig.py check                    # can the rig be built here? (exit 0, or 2 and why not)
-    python scripts/hosts_rig.py up --hosts 2 [--state DIR] [--foreground]
+    python scripts/hosts_rig.py up --hosts 2 [--state DIR] [--slurm] [--foreground]
     python scripts/hosts_rig.py down --state DIR         # or: down --prefix wbrig (every rig of that prefix)
 
 What ``up`` builds (all of it is torn down by ``down``):
@@ -17,7 +17,14 @@ What ``up`` builds (all of it is torn down by ``down``):
   host key and, by default, its own hostname (a UTS namespace) that every host resolves
   (``/etc/netns/<namespace>/hosts``, which ``ip netns exec`` mounts over ``/etc/hosts``);
 * an ed25519 client key, ``known_hosts`` and an ssh config, so ``ssh -F <state>/ssh_config <address>``
-  (or ``<state>/bin/ssh <address>``) logs in non-interactively (BatchMode, host keys checked).
+  (or ``<state>/bin/ssh <address>``) logs in non-interactively (BatchMode, host keys checked);
+* with ``--slurm``, a Slurm cluster (Debian's slurm-wlm and munge), all of it under
+  ``<state>/<rig id>-slurm/``: a ``munged`` with a key generated for the rig and its socket there, a
+  ``slurmctld`` on the head (in a UTS and mount namespace of its own, named ``<rig id>-head`` and
+  listening only on the head's address) and one ``slurmd`` per host, inside the host's namespace, whose
+  Slurm node name is the host's name (``h1``, ``h2``, ...), all in one partition ``rig``. Client
+  commands find it by ``SLURM_CONF=<state>/<rig id>-slurm/slurm.conf`` (``slurm.env`` in the
+  description); ``up`` returns once every node is idle.
 
 The namespaces share the filesystem, so a host runs the repository's own Python. ``up`` prints the
 rig's description (also written to ``<state>/rig.json``): addresses, ssh port, user, python, key,
@@ -27,8 +34,8 @@ so concurrent rigs do not clash. ``up`` records its plan before it builds anythi
 state is lost. ``down`` kills every process inside the rig's namespaces (sshd, sessions, engines),
 removes namespaces, veths and bridge, checks that nothing is left, and is idempotent.
 
-Needs Linux, root, iproute2 and Debian's openssh-server (``up --install-sshd`` installs it). Every
-command it runs has a timeout.
+Needs Linux, root, iproute2 and Debian's openssh-server (``up --install-sshd`` installs it); ``--slurm``
+also needs ``slurm-wlm`` and ``munge``. Every command it runs has a timeout.
 """
 
 from __future__ import annotations
@@ -69,6 +76,11 @@ class RigUnavailable(RuntimeError):
 
 class RigError(RuntimeError):
     """Building, checking or tearing down the rig failed."""
+
+
+class SlurmUnavailable(RigUnavailable):
+    """Slurm on the rig cannot run here: slurm-wlm or munge missing, or one of their daemons did not start
+    (the message quotes its log). The rest of the rig was fine; nothing is left behind."""
 
 
 # --------------------------------------------------------------------------------------------- commands
@@ -114,7 +126,7 @@ def _gone_ok(proc: subprocess.CompletedProcess) -> bool:
 # --------------------------------------------------------------------------------------------- support
 
 
-def check_support(prefix: str = DEFAULT_PREFIX, probe: bool = True) -> dict[str, str]:
+def check_support(prefix: str = DEFAULT_PREFIX, probe: bool = True, slurm: bool = False) -> dict[str, str]:
     """The tools the rig uses, by name; raise RigUnavailable with the precise reason if it cannot be built here.
 
     ``probe`` also creates (and removes) a namespace, a bridge and a veth pair, so a container that lacks
@@ -135,6 +147,8 @@ def check_support(prefix: str = DEFAULT_PREFIX, probe: bool = True) -> dict[str,
     for name in ("ssh", "ssh-keygen", "sh"):
         if tools[name] is None:
             raise RigUnavailable(f"`{name}` not found (apt-get install -y openssh-client)")
+    if slurm:
+        tools.update(check_slurm_support())
     if probe:
         tag = f"{prefix}{secrets.token_hex(2)}"
         ns, br, veth = f"{tag}-probe", f"{tag}pb", f"{tag}pv"
@@ -152,6 +166,21 @@ def check_support(prefix: str = DEFAULT_PREFIX, probe: bool = True) -> dict[str,
             _ip("link", "del", veth, check=False)
             _ip("link", "del", br, check=False)
             _ip("netns", "del", ns, check=False)
+    return tools
+
+
+SLURM_TOOLS = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client", "sbatch": "slurm-client",
+               "srun": "slurm-client", "scancel": "slurm-client", "munged": "munge", "unshare": "util-linux",
+               "mount": "mount", "hostname": "hostname"}
+
+
+def check_slurm_support() -> dict[str, str]:
+    """The tools Slurm on the rig uses, by name; raise SlurmUnavailable naming the missing ones and their packages."""
+    tools = {name: _tool(name) for name in SLURM_TOOLS}
+    missing = [name for name, path in tools.items() if path is None]
+    if missing:
+        pkgs = sorted({SLURM_TOOLS[m] for m in missing} | ({"slurm-wlm"} if {"slurmctld", "slurmd"} & set(missing) else set()))
+        raise SlurmUnavailable(f"Slurm on the rig needs {', '.join(missing)} (apt-get install -y {' '.join(pkgs)})")
     return tools
 
 
@@ -252,7 +281,8 @@ def _pick_subnet(n_hosts: int, subnet: str | None) -> ipaddress.IPv4Network:
     raise RigError(f"no free /24 left in {POOL}; tear down old rigs (down --prefix {DEFAULT_PREFIX})")
 
 
-def _plan(rig_id: str, net: ipaddress.IPv4Network, n_hosts: int, state_dir: Path, port: int, python: str, uts: bool) -> dict:
+def _plan(rig_id: str, net: ipaddress.IPv4Network, n_hosts: int, state_dir: Path, port: int, python: str, uts: bool,
+          slurm: bool = False) -> dict:
     base = net.network_address
     hosts = []
     for i in range(1, n_hosts + 1):
@@ -284,8 +314,29 @@ def _plan(rig_id: str, net: ipaddress.IPv4Network, n_hosts: int, state_dir: Path
         "ssh": str(state_dir / "bin" / "ssh"),
         "ssh_command": ["ssh", "-F", str(state_dir / "ssh_config")],
         "hosts": hosts,
+        "slurm": _plan_slurm(rig_id, state_dir, hosts) if slurm else None,
         "created": time.time(),
         "created_by_pid": os.getpid(),
+    }
+
+
+def _plan_slurm(rig_id: str, state_dir: Path, hosts: list[dict]) -> dict:
+    sdir = state_dir / f"{rig_id}-slurm"  # the rig id in every daemon's command line: `down --prefix` finds them
+    conf = sdir / "slurm.conf"
+    return {
+        "dir": str(sdir),
+        "conf": str(conf),
+        "env": {"SLURM_CONF": str(conf)},  # what sbatch, srun, sinfo, scancel need to find this cluster
+        "controller": f"{rig_id}-head",
+        "partition": "rig",
+        "nodes": [h["name"] for h in hosts],  # the Slurm node of host i is named as the host: h1, h2, ...
+        "munge_key": str(sdir / "munge.key"),
+        "munge_socket": str(sdir / "munge.socket"),
+        "munged_pid": None,
+        "slurmctld_pid": None,
+        "slurmd_pids": {h["name"]: None for h in hosts},
+        "slurmctld_log": str(sdir / "slurmctld.log"),
+        "munged_log": str(sdir / "munged.log"),
     }
 
 
@@ -300,17 +351,21 @@ def _current_user() -> str:
 
 def up(n_hosts: int = 2, state_dir: str | os.PathLike | None = None, *, prefix: str = DEFAULT_PREFIX,
        subnet: str | None = None, port: int = 22, python: str | None = None, uts: bool = True,
-       verify: bool = True, base: str | os.PathLike = DEFAULT_BASE, timeout: float = 30.0) -> dict:
+       verify: bool = True, base: str | os.PathLike = DEFAULT_BASE, timeout: float = 30.0, slurm: bool = False) -> dict:
     """Build a rig of ``n_hosts`` hosts and return its description (also in ``<state_dir>/rig.json``).
 
-    Raises RigUnavailable when this machine cannot host it (nothing is built then) and RigError when
-    building or checking fails; either way nothing is left behind.
+    ``slurm`` adds a Slurm cluster over the hosts (see the module docstring); its description is
+    ``desc["slurm"]`` (``conf``, ``env``, ``nodes``, ``partition``, the daemons' pids).
+
+    Raises RigUnavailable when this machine cannot host it (nothing is built then; SlurmUnavailable
+    when only Slurm cannot run: missing, or a daemon that did not start) and RigError when building or
+    checking fails; either way nothing is left behind.
     """
     if not 1 <= n_hosts <= MAX_HOSTS:
         raise ValueError(f"n_hosts must be 1..{MAX_HOSTS}, got {n_hosts}")
     if not _PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"prefix must match {_PREFIX_RE.pattern} (interface names are at most 15 characters), got {prefix!r}")
-    tools = check_support(prefix)
+    tools = check_support(prefix, slurm=slurm)
     python = python or sys.executable
     uts = uts and tools["unshare"] is not None and tools["hostname"] is not None
     base = Path(base)
@@ -330,7 +385,7 @@ def up(n_hosts: int = 2, state_dir: str | os.PathLike | None = None, *, prefix: 
         old = load(sdir)
         if old is not None and old.get("status") != "down":
             raise RigError(f"{sdir} already records rig {old['rig_id']} ({old.get('status')}); run `down --state {sdir}` first")
-        desc = _plan(rig_id, net, n_hosts, sdir.resolve(), port, python, uts)
+        desc = _plan(rig_id, net, n_hosts, sdir.resolve(), port, python, uts, slurm)
         _save(desc)  # from here on, down(state_dir) can undo whatever exists
         try:
             _make_bridge(desc)  # claims the subnet before the lock is released
@@ -343,6 +398,8 @@ def up(n_hosts: int = 2, state_dir: str | os.PathLike | None = None, *, prefix: 
         _start_sshds(desc, tools, timeout)
         if verify:
             _verify(desc, timeout)
+        if slurm:
+            _start_slurm(desc, tools, timeout)
         desc["status"] = "up"
         _save(desc)
         return desc
@@ -534,6 +591,167 @@ def _verify(desc: dict, timeout: float) -> None:
         raise RigError("rig check failed: " + "; ".join(problems) + hint)
 
 
+# --------------------------------------------------------------------------------------------- slurm
+
+#: CPUs each rig node declares: more than the machine may have (``config_overrides``), so a job may place
+#: several ranks per host on a small machine. The rig proves placement, not resource enforcement.
+SLURM_NODE_CPUS = 16
+_HEAD_WRAPPER = 'mount=$1 hosts=$2 name=$3; shift 3; "$mount" --bind "$hosts" /etc/hosts && hostname "$name" && exec "$@"'
+
+
+def _slurm_conf(desc: dict, port: int) -> str:
+    sl, sdir = desc["slurm"], Path(desc["slurm"]["dir"])
+    cpus = max(SLURM_NODE_CPUS, os.cpu_count() or 1)
+    nodes = [f"NodeName={h['name']} NodeAddr={h['address']}" + (f" NodeHostname={h['hostname']}" if desc["uts"] else "")
+             + f" CPUs={cpus} State=UNKNOWN" for h in desc["hosts"]]
+    return "\n".join([
+        f"# Slurm of multi-host rig {desc['rig_id']} (scripts/hosts_rig.py up --slurm); clients: SLURM_CONF={sl['conf']}",
+        f"ClusterName={desc['rig_id']}",
+        # the controller's own hostname (its UTS namespace) and the head's address; with NoCtldInAddrAny it
+        # listens only there, as that name resolves to the head's address in its mount namespace's /etc/hosts
+        f"SlurmctldHost={sl['controller']}({desc['head_address']})",
+        f"SlurmctldPort={port}",
+        "SlurmdPort=6818",  # each slurmd in its own network namespace
+        "CommunicationParameters=NoCtldInAddrAny",
+        f"SlurmUser={_current_user()}",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={sl['munge_socket']}",
+        f"StateSaveLocation={sdir / 'ctld'}",
+        f"SlurmctldPidFile={sdir / 'slurmctld.pid'}",
+        f"SlurmctldLogFile={sl['slurmctld_log']}",
+        f"SlurmdSpoolDir={sdir / 'spool' / '%n'}",
+        f"SlurmdPidFile={sdir / 'spool' / '%n.pid'}",
+        f"SlurmdLogFile={sdir / 'spool' / '%n.log'}",
+        f"PlugStackConfig={sdir / 'plugstack.conf'}",  # not /etc/slurm's
+        "ProctrackType=proctrack/linuxproc",  # no cgroups: a host is a network namespace, not a cgroup tree
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SchedulerType=sched/builtin",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "SlurmdParameters=config_overrides",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        "ReturnToService=2",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=30",
+        "InactiveLimit=0",
+        "KillWait=2",
+        "MinJobAge=30",
+        *nodes,
+        f"PartitionName={sl['partition']} Nodes={','.join(sl['nodes'])} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
+    ]) + "\n"
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def _start_daemon(cmd: list[str], log: Path, what: str, own_log) -> None:
+    start = log.stat().st_size if log.exists() else 0
+    with open(log, "a") as out:
+        proc = _run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        said = " | ".join(x for x in (log.read_text(errors="replace")[start:].strip()[-600:], _errors(own_log)) if x)
+        raise SlurmUnavailable(f"{what} did not start: `{shlex.join(cmd)}` exited {proc.returncode}: {said or 'no message'}")
+
+
+def _errors(path, n: int = 3) -> str:
+    """The last ``n`` error lines of a daemon's log, or its tail."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    bad = [line for line in lines if re.search(r"error|fatal|fail", line, re.IGNORECASE)]
+    return " | ".join((bad or lines)[-n:]).strip()
+
+
+def _start_slurm(desc: dict, tools: dict, timeout: float) -> None:
+    """munged, slurmctld on the head and one slurmd per host; returns once every node is idle."""
+    sl = desc["slurm"]
+    sdir = Path(sl["dir"])
+    shutil.rmtree(sdir, ignore_errors=True)
+    for d in [sdir / "ctld"] + [sdir / "spool" / node for node in sl["nodes"]]:
+        d.mkdir(parents=True, mode=0o700)
+    key = Path(sl["munge_key"])
+    key.write_bytes(secrets.token_bytes(1024))  # the rig's own munge key, never /etc/munge's
+    key.chmod(0o400)
+    port = _free_port(desc["head_address"])
+    sl["port"] = port
+    Path(sl["conf"]).write_text(_slurm_conf(desc, port))
+    (sdir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")  # autodetect fails where /sys/fs/cgroup has no cgroup fs
+    (sdir / "plugstack.conf").write_text("")
+    hosts_file = sdir / "hosts"
+    hosts_file.write_text("\n".join(["127.0.0.1\tlocalhost", f"{desc['head_address']}\t{sl['controller']}"]
+                                    + [f"{h['address']}\t{h['hostname']}" for h in desc["hosts"] if desc["uts"]]) + "\n")
+    start_log = sdir / "start.log"
+    # munged refuses a socket whose parent directories others cannot traverse (the state is 0700); --force
+    # runs it anyway: only root (the rig's user) talks to it
+    _start_daemon([tools["munged"], "--force", f"--key-file={key}", f"--socket={sl['munge_socket']}",
+                   f"--pid-file={sdir / 'munged.pid'}", f"--log-file={sl['munged_log']}", f"--seed-file={sdir / 'munged.seed'}"],
+                  start_log, "munged", sl["munged_log"])
+    sl["munged_pid"] = _read_pid(sdir / "munged.pid")
+    _save(desc)
+    _start_daemon([tools["unshare"], "--mount", "--uts", "--propagation", "private", tools["sh"], "-c", _HEAD_WRAPPER, "sh",
+                   tools["mount"], str(hosts_file), sl["controller"], tools["slurmctld"], "-f", sl["conf"]],
+                  start_log, "slurmctld", sl["slurmctld_log"])
+    for h in desc["hosts"]:
+        cmd = [tools["ip"], "netns", "exec", h["netns"]]
+        if desc["uts"]:
+            cmd += [tools["unshare"], "--uts", tools["sh"], "-c", 'hostname "$0" && exec "$@"', h["hostname"]]
+        _start_daemon(cmd + [tools["slurmd"], "-f", sl["conf"], "-N", h["name"]], start_log, f"slurmd of {h['name']}",
+                      sdir / "spool" / f"{h['name']}.log")
+    env = dict(os.environ, **sl["env"])
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] = {}
+    while True:
+        sl["slurmctld_pid"] = sl["slurmctld_pid"] or _read_pid(sdir / "slurmctld.pid")
+        for node in sl["nodes"]:
+            sl["slurmd_pids"][node] = sl["slurmd_pids"][node] or _read_pid(sdir / "spool" / f"{node}.pid")
+        _save(desc)
+        daemons = [("munged", sl["munged_pid"], sl["munged_log"]), ("slurmctld", sl["slurmctld_pid"], sl["slurmctld_log"])]
+        daemons += [(f"slurmd of {n}", sl["slurmd_pids"][n], sdir / "spool" / f"{n}.log") for n in sl["nodes"]]
+        for what, pid, log in daemons:
+            if pid is not None and not _alive(pid):
+                raise SlurmUnavailable(f"{what} (pid {pid}) exited: {_errors(log)}")
+        if sl["slurmctld_pid"]:
+            proc = _run([tools["sinfo"], "-h", "-N", "-o", "%N %t"], check=False, env=env)
+            states = dict(line.split()[:2] for line in proc.stdout.splitlines() if len(line.split()) >= 2)
+            if proc.returncode == 0 and all(states.get(n) == "idle" for n in sl["nodes"]) and all(p for _, p, _ in daemons):
+                return
+        if time.monotonic() > deadline:
+            logs = "; ".join(f"{what}: {_errors(log)}" for what, _, log in daemons)
+            raise SlurmUnavailable(f"the Slurm nodes were not idle within {timeout:g} s (sinfo: {states or 'no answer'}); {logs}")
+        time.sleep(0.1)
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    """``pids`` and every process below them (slurmctld's slurmscriptd, say)."""
+    parent = {}
+    for pid in _pids():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parent[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = set(pids), set(pids)
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier and p not in found}
+        found |= frontier
+    return found
+
+
+def _slurm_pids(marker: re.Pattern | str) -> set[int]:
+    """The rig's Slurm and munge daemons, by their command line (every one names a file in the rig's Slurm
+    directory), and what they started."""
+    if isinstance(marker, str):
+        marker = re.compile(re.escape(marker))
+    return _descendants({pid for pid in _pids() if pid != os.getpid() and marker.search(_cmdline(pid))})
+
+
 def _tail(path, n: int = 600) -> str:
     try:
         return Path(path).read_text(errors="replace")[-n:].strip()
@@ -671,6 +889,8 @@ def teardown(desc: dict, keep_state: bool = False) -> list[str]:
         pid = h.get("sshd_pid")
         if pid and _alive(pid) and _is_sshd(pid) and f"-f {h['sshd_config']} " in _cmdline(pid) + " ":
             pids.add(pid)
+    if desc.get("slurm"):
+        pids |= _slurm_pids(desc["slurm"]["dir"] + "/")
     survivors = _kill(pids)
     if pids:
         removed.append(_n_processes(len(pids) - len(survivors)))
@@ -710,6 +930,8 @@ def leftovers(desc: dict) -> list[str]:
     left += [f"/etc/netns/{h['netns']}" for h in desc["hosts"] if (Path("/etc/netns") / h["netns"]).exists()]
     live = {p for p in _sshd_pids({h["sshd_config"] for h in desc["hosts"]}) if _alive(p)}
     live |= {p for p in _pids_in_netns([h["netns"] for h in desc["hosts"]]) if _alive(p)}
+    if desc.get("slurm"):
+        live |= {p for p in _slurm_pids(desc["slurm"]["dir"] + "/") if _alive(p)}
     if live:
         left.append(f"processes {sorted(live)}")
     return left
@@ -720,6 +942,8 @@ def _remove_state(desc: dict) -> None:
     for h in desc["hosts"]:
         shutil.rmtree(Path(h["sshd_config"]).parent, ignore_errors=True)
     shutil.rmtree(sdir / "bin", ignore_errors=True)
+    if desc.get("slurm"):
+        shutil.rmtree(desc["slurm"]["dir"], ignore_errors=True)
     for name in _OWN_FILES:
         (sdir / name).unlink(missing_ok=True)
     (sdir / "rig.tmp").unlink(missing_ok=True)
@@ -764,7 +988,7 @@ def _sweep(prefix: str, base: Path, keep_state: bool) -> list[str]:
     ours_ns = sorted(n for n in netns_now if ns_re.fullmatch(n))
     cfg_re = re.compile(rf"-f \S*/{p}[0-9a-z]*-h\d+/sshd_config ")
     sshds = {pid for pid in _pids() if _is_sshd(pid) and cfg_re.search(_cmdline(pid) + " ")}
-    pids = _pids_in_netns(ours_ns) | sshds
+    pids = _pids_in_netns(ours_ns) | sshds | _slurm_pids(re.compile(rf"/{p}[0-9a-z]*-slurm/"))
     survivors = _kill(pids)
     if pids:
         removed.append(_n_processes(len(pids) - len(survivors)))
@@ -806,6 +1030,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--no-uts", action="store_true", help="hosts keep this machine's hostname")
     p_up.add_argument("--no-verify", action="store_true", help="skip the ssh + python + host-to-host check")
     p_up.add_argument("--install-sshd", action="store_true", help="apt-get install openssh-server if sshd is missing")
+    p_up.add_argument("--slurm", action="store_true", help="also a Slurm cluster: munged, slurmctld on the head, a slurmd "
+                      "per host (needs slurm-wlm and munge); clients use SLURM_CONF=<the description's slurm.conf>")
     p_up.add_argument("--foreground", action="store_true", help="stay running and tear down on exit (Ctrl-C, SIGTERM)")
     p_up.add_argument("--timeout", type=float, default=30.0, help="seconds for sshd to come up and answer (default 30)")
     p_down = sub.add_parser("down", help="tear a rig down (idempotent)")
@@ -839,12 +1065,14 @@ def main(argv: list[str] | None = None) -> int:
             install_sshd()
         t0 = time.perf_counter()
         desc = up(args.hosts, args.state, prefix=args.prefix, subnet=args.subnet, port=args.port,
-                  python=args.python, uts=not args.no_uts, verify=not args.no_verify, timeout=args.timeout)
+                  python=args.python, uts=not args.no_uts, verify=not args.no_verify, timeout=args.timeout,
+                  slurm=args.slurm)
         if args.foreground:
             atexit.register(_quiet_down, desc)
         print(json.dumps(desc, indent=2), flush=True)
         print(f"rig {desc['rig_id']} up in {time.perf_counter() - t0:.2f} s: {len(desc['hosts'])} hosts in {desc['subnet']}; "
-              f"ssh -F {desc['ssh_config']} {desc['hosts'][0]['address']}; "
+              f"ssh -F {desc['ssh_config']} {desc['hosts'][0]['address']}"
+              + (f"; Slurm: export SLURM_CONF={desc['slurm']['conf']}; sinfo" if desc.get("slurm") else "") + "; "
               + ("Ctrl-C to tear down" if args.foreground else f"tear down: {sys.argv[0]} down --state {desc['state_dir']}"),
               file=sys.stderr, flush=True)
         if args.foreground:

@@ -199,8 +199,11 @@ def slurm_template(plan: MultiHostPlan, nodes: list[str] | None = None) -> str:
     if len(per_node) != 1 or len(nodes) != len(used):
         raise ValueError(f"launcher='slurm' needs the same ranks on every host and one node name per host "
                          f"(ranks per host {sorted(per_node)}, nodes {nodes})")
+    # --output: ipyparallel adds its own only to its default template; without it sbatch writes slurm-<job>.out
+    # into whatever directory the driver runs in
     return (f"#!/bin/sh\n#SBATCH --ntasks={{n}}\n#SBATCH --nodes={len(used)}\n#SBATCH --nodelist={','.join(nodes)}\n"
             f"#SBATCH --ntasks-per-node={per_node.pop()}\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{{cluster_id}}\n"
+            "#SBATCH --output={output_file}\n"
             "srun --distribution=block {program_and_args}\n")
 
 
