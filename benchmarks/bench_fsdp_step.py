@@ -75,7 +75,8 @@ def main() -> None:
         rat = spread(ratio[name], fmt="{:.3f}") if ratio else "-"
         print(f"{name:<20}{spread(med[name], 1e3):>22}{rat:>24}{state:>18.3f}")
     if args.phases and r0["phases_s"]:
-        print("\nThe FSDP step part by part (each part evaluated alone; ms, median over repeats):")
+        print("\nThe step part by part (each part evaluated alone; ms, median over repeats; DDP's "
+              "reduce_scatter is its all-reduce):")
         layouts = list(r0["phases_s"])
         print(f"{'part':<16}" + "".join(f"{lay:>14}" for lay in layouts))
         totals = dict.fromkeys(layouts, 0.0)

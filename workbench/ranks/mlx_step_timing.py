@@ -8,9 +8,10 @@ Every strategy keeps its own parameters and optimizer; each step runs every stra
 in turn (interleaved, so drift in machine load hits them alike). A step is timed from the
 gradient computation to the evaluated new parameters, behind a barrier so ranks start
 together. With several ``--communication-size`` values each (strategy, size) pair is one
-entry, named ``strategy@bytes``. ``--phases`` adds, per FSDP layout, a step cut into its
-parts with an evaluation between each (``phases_s``: gradient, bucket rows, reduce-scatter,
-update, all-gather, rebuild): slower than the real step, but it says where the time goes.
+entry, named ``strategy@bytes``. ``--phases`` adds, per FSDP layout and for DDP, a step cut
+into its parts with an evaluation between each (``phases_s``: gradient, bucket rows,
+reduce-scatter (DDP: the all-reduce), update, all-gather, rebuild): slower than the real step,
+but it says where the time goes.
 ``--link-sizes`` first times all-gather and reduce-scatter alone at those sizes
 (:func:`workbench.ranks.collective_timing.bench_rank`), for the bucket-size advisor's links.
 Writes ``DIR/rank{r}.json`` with per-step times and optimizer-state bytes.
@@ -101,6 +102,35 @@ def phased_step(params, opt, grad_fn, x, y, layout: str, communication_size: int
     return tree_unflatten(updated), times
 
 
+def ddp_phased_step(params, opt, grad_fn, x, y, communication_size: int, group, barrier) -> tuple[dict, dict]:
+    """DDP's step (``mlx.nn.average_gradients``, then the update) cut into the same parts as
+    :func:`phased_step`: gradient, bucket rows (the concatenated bucket), the all-reduce (and the
+    division), the update; the all-gather and rebuild parts are zero."""
+    n = group.size()
+    times = dict.fromkeys(PHASES, 0.0)
+
+    def timed(name, fn):
+        mx.eval(mx.distributed.all_sum(barrier, group=group))
+        t0 = time.perf_counter()
+        out = fn()
+        mx.eval(out)
+        times[name] += time.perf_counter() - t0
+        return out
+
+    _, grads = timed("grad", lambda: grad_fn(params, x, y))
+    flat = tree_flatten(grads)
+    buckets = get_plan(tree_flatten(params), communication_size, n, "flat").buckets
+    idx = [buckets.bucket(b).tolist() for b in range(buckets.num_buckets)]
+    cat = timed("rows", lambda: [mx.concatenate([flat[i][1].reshape(-1) for i in ix]) for ix in idx])
+    summed = timed("reduce_scatter", lambda: [mx.distributed.all_sum(c, group=group) / n for c in cat])
+    avg = []
+    for ix, s in zip(idx, summed):
+        offsets = np.cumsum([0] + [flat[i][1].size for i in ix])
+        avg += [(flat[i][0], s[offsets[j]:offsets[j + 1]].reshape(flat[i][1].shape)) for j, i in enumerate(ix)]
+    new = timed("update", lambda: opt.apply_gradients(tree_unflatten(avg), params))
+    return new, times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -129,6 +159,7 @@ def main() -> None:
     sizes = args.communication_size
     entries = {(f"{s}@{c}" if len(sizes) > 1 else s): (s, c) for c in sizes for s in names}
     layouts = sorted({STRATEGIES[s]["layout"] for s in names if STRATEGIES[s]}) if args.phases else []
+    layouts += ["ddp"] if args.phases and "ddp" in names else []
     dims = (args.hidden,) * (args.layers + 1)
     params = {name: build_params(dims, seed=3, dtype=mx.float32) for name in [*entries, *(f"phases-{lay}" for lay in layouts)]}
     opts = {name: optim.AdamW(learning_rate=1e-4) for name in params}
@@ -153,7 +184,10 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
         for lay in layouts:
             key = f"phases-{lay}"
-            params[key], parts = phased_step(params[key], opts[key], grad_fn, x, y, lay, sizes[0], group, barrier)
+            if lay == "ddp":
+                params[key], parts = ddp_phased_step(params[key], opts[key], grad_fn, x, y, sizes[0], group, barrier)
+            else:
+                params[key], parts = phased_step(params[key], opts[key], grad_fn, x, y, lay, sizes[0], group, barrier)
             for p, t in parts.items():
                 phases[lay][p].append(t)
     num_params = sum(v.size for _, v in tree_flatten(params[next(iter(entries))]))
