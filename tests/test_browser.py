@@ -134,6 +134,11 @@ def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
                 assert 0 < fig["width"] <= static.SLIDE_WIDTH, (k, fig)
             else:
                 assert fig["width"] > 0.8 * static.SLIDE_WIDTH, (k, fig)  # resized to the slide, not plotly's 700 px
+        cut = page.evaluate("""() => { const box = Reveal.getCurrentSlide().getBoundingClientRect();
+            return Array.from(Reveal.getCurrentSlide().querySelectorAll('table'))
+                .filter(t => t.getBoundingClientRect().right > box.right + 1 || t.scrollWidth > t.clientWidth + 1)
+                .map(t => t.innerText.slice(0, 60)); }""")
+        assert cut == [], (k, cut)  # every HTML table fits its slide (issue 18: slide 14's was cut)
         if k in shots:
             page.screenshot(path=str(ARTIFACTS / f"deck-slide-{k:02d}.png"))
         if num_figures:  # every figure slide, to be looked at (issue 18)
@@ -145,6 +150,21 @@ def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
     assert w.errors() == []
     for k in shots:
         assert (ARTIFACTS / f"deck-slide-{k:02d}.png").stat().st_size > 10_000
+
+
+def test_arrow_right_alone_reaches_every_slide_of_the_deck(browser, deck):
+    """A presenter pressing "next" (ArrowRight, a clicker) sees every slide, sub-slides included (issue 18)."""
+    w = open_deck(browser, deck.html)
+    page = w.page
+    total = page.evaluate("Reveal.getTotalSlides()")
+    seen = [page.evaluate("Reveal.getSlidePastCount()")]
+    for _ in range(total + 2):  # two more presses than slides: the last must stay the last
+        page.keyboard.press("ArrowRight")
+        page.wait_for_function("window.workbenchDeck.ready", timeout=15_000)
+        seen.append(page.evaluate("Reveal.getSlidePastCount()"))
+    assert sorted(set(seen)) == list(range(total)), seen
+    assert seen[:total] == list(range(total)), seen  # in order, one slide per press
+    assert w.errors() == []
 
 
 def test_static_exports_png_svg_per_figure_and_a_pdf_page_per_slide(chromium, deck):

@@ -251,3 +251,11 @@ def test_deck_notebook_is_thin_reads_stored_runs_and_has_slide_metadata():
     figure_cells = [c for c in cells if c.cell_type == "code" and any(
         reveal.PLOTLY_MIME in o.get("data", {}) for o in c.outputs)]
     assert len(figure_cells) >= 10 and all(c.metadata.slideshow.slide_type != "skip" for c in figure_cells)
+
+
+def test_the_step_time_table_a_slide_shows_has_worded_headers_with_units():
+    shown = design_review.step_time_display()
+    assert list(shown.columns) == ["buckets (MiB)", "DDP fp32 (ms)", "FSDP fp32 (ms)", "DDP bf16 (ms)",
+                                   "FSDP bf16 (ms)", "FSDP over DDP, fp32 (%)", "FSDP over DDP, bf16 (%)"]
+    assert shown.index.name == "parameters" and list(shown.index) == ["0.3B", "2.7B", "5.4B"]
+    assert (shown.to_numpy() == design_review.step_time_table().to_numpy()).all()

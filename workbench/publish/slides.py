@@ -43,9 +43,9 @@ from workbench.publish.static import SLIDE_HEIGHT, SLIDE_WIDTH, export_pdf, writ
 
 VENDOR_DIR = paths.VENDOR_DIR / "slides"
 DECK_NOTEBOOK = paths.NOTEBOOK_DIR / "00_design_review.ipynb"
-#: Logical slide size in CSS pixels (reveal.js scales it to the window).
+#: The deck's folder of copied JavaScript and CSS, beside its HTML.
 ASSETS = "assets"
-#: Shown in a deck where a live widget (one the offline renderer cannot draw) was.
+#: Vendored files every deck needs, and those a deck with live widgets needs too.
 _CORE_ASSETS = ("reveal.js/dist/reveal.js", "reveal.js/dist/reveal.css", "reveal.js/plugin/notes/notes.js",
                 "requirejs/require.js", "jquery/dist/jquery.min.js", "mathjax/es5/tex-svg-full.js")
 _WIDGET_ASSETS = ("@jupyter-widgets/html-manager/dist/embed-amd.js",
@@ -139,7 +139,8 @@ function (Reveal, RevealNotes) {
     controls: true, progress: true, history: true, hash: true,
     transition: "{{ resources.reveal.transition }}", slideNumber: "c/t", plugins: [RevealNotes],
     width: {{ resources.reveal.width }}, height: {{ resources.reveal.height }}, margin: 0.03,
-    center: false, pdfSeparateFragments: false, pdfMaxPagesPerSlide: 1, viewDistance: 100
+    center: false, pdfSeparateFragments: false, pdfMaxPagesPerSlide: 1, viewDistance: 100,
+    navigationMode: "linear"  // ArrowRight (and a clicker's "next") visits sub-slides too: no slide is missed
   });
   window.Reveal = Reveal;
 });
