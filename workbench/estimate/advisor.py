@@ -16,8 +16,8 @@ within ``tolerance`` of the minimum: the knee of the curve. Pure: standard libra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
