@@ -314,3 +314,30 @@ def test_bucket_matrix_rows_are_the_plans_rows(layout, n):
             assert matrix.shape == (n, int(plan.bucket_chunk_elems[b]))
             for k in range(n):
                 np.testing.assert_array_equal(np.array(matrix[k]), np.array(bucket_row(arrays, plan, k, b)))
+
+
+@pytest.mark.parametrize("knobs,message", [
+    (dict(max_norm=0.0), r"max_norm must be None \(no clipping\) or a finite number > 0, got 0.0"),
+    (dict(max_norm=-1.0), r"max_norm must be .* got -1.0"),
+    (dict(max_norm=float("nan")), r"max_norm must be .* got nan"),
+    (dict(max_norm=True), r"max_norm must be .* got True"),
+    (dict(communication_size=float("nan")), r"communication_size must be a whole number of bytes .* got nan"),
+    (dict(communication_size="32MB"), r"communication_size must be a whole number of bytes .* got '32MB'"),
+])
+def test_step_knobs_that_would_corrupt_the_update_are_refused_naming_them(knobs, message):
+    """Issue 14, item 10: 0 applied no update, a negative max_norm climbed, NaN poisoned every parameter."""
+    from workbench.adapters.mlx.fsdp import ddp_apply_gradients
+
+    params = {"w": mx.ones((4, 2))}
+    grads = {"w": mx.ones((4, 2))}
+    for step in (fsdp_apply_gradients, ddp_apply_gradients):
+        with pytest.raises(ValueError, match=message):
+            step(grads, params, optim.SGD(learning_rate=0.1), **knobs)
+
+
+def test_the_row_layout_error_suggests_only_what_the_step_takes(ring_run):
+    """The planner's hint named its own pad_rows=True, which fsdp_apply_gradients does not take."""
+    _, ranks = ring_run
+    for rank in ranks:
+        error = next(res["error"] for res in rank["results"] if "error" in res)
+        assert "layout='flat'; this step has no pad_rows" in error and "pad_rows=True" not in error, error

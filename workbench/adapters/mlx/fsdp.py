@@ -22,6 +22,8 @@ an all-reduce then a slice: the right numbers at twice the traffic.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import mlx.core as mx
@@ -101,6 +103,18 @@ def shard_gradients(
     return shards
 
 
+def check_step_knobs(max_norm: object, communication_size: object) -> None:
+    """Refuse a ``max_norm`` that is not None or a finite number > 0 (0 applies no update, a negative one
+    climbs, NaN poisons every parameter) and a ``communication_size`` that is not a whole number of
+    bytes, naming the knob (issue 14, item 10)."""
+    if max_norm is not None and (isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real)
+                                 or not math.isfinite(max_norm) or max_norm <= 0):
+        raise ValueError(f"max_norm must be None (no clipping) or a finite number > 0, got {max_norm!r}.")
+    if isinstance(communication_size, bool) or not isinstance(communication_size, numbers.Integral):
+        raise ValueError(f"communication_size must be a whole number of bytes (e.g. 32 * MiB), got "
+                         f"{communication_size!r}.")
+
+
 def clip_by_global_norm(
     grads: dict[str, mx.array], max_norm: float, group: mx.distributed.Group | None = None, stream: Any = None
 ) -> tuple[dict[str, mx.array], mx.array]:
@@ -134,6 +148,7 @@ def ddp_apply_gradients(
     import mlx.nn as nn
 
     group = group or mx.distributed.init()
+    check_step_knobs(max_norm, communication_size)
     grads = nn.average_gradients(gradients, group=group, all_reduce_size=communication_size)
     norm = None
     if max_norm is not None:
@@ -204,6 +219,7 @@ def fsdp_apply_gradients(
     """
     if layout not in ("row", "flat"):
         raise ValueError(f"Unknown layout {layout!r}; fsdp_apply_gradients supports 'row' and 'flat'.")
+    check_step_knobs(max_norm, communication_size)
     if reduce_scatter not in REDUCE_SCATTER_TRANSPORTS:
         raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_TRANSPORTS)}.")
     fsdp = fsdp_group or mx.distributed.init()

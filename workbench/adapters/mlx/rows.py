@@ -27,7 +27,10 @@ PIECE_CACHE_SIZE = 4096
 def get_plan(parameters_flat: list[tuple[str, mx.array]], communication_size: int, num_shards: int, layout: str) -> ShardPlan:
     """The core's shard plan for these parameters (cached: planning is pure)."""
     spec = spec_from_mlx(tree_unflatten(list(parameters_flat)), name="mlx-params")
-    return _plan(spec, int(communication_size), int(num_shards), layout)
+    try:
+        return _plan(spec, int(communication_size), int(num_shards), layout)
+    except ValueError as err:  # the planner's hint names its own pad_rows, which the MLX steps do not take
+        raise ValueError(str(err).replace(", or pad_rows=True", "; this step has no pad_rows")) from None
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
