@@ -179,7 +179,7 @@ def test_values_off_the_slider_scales_are_added():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(layout="diagonal"), "Unknown layout"), (dict(policy="zero3"), "Unknown bucket policy"),
     (dict(num_shards=0), "num_shards"), (dict(communication_size=-1), "communication_size"),
-    (dict(spec_or_preset="no-such-model"), "Unknown preset"),
+    (dict(spec_or_preset="no-such-model"), "spec_or_preset: .no-such-model. is neither a preset"),
 ])
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -267,3 +267,18 @@ def test_metrics_table_is_html_with_every_row_and_no_empty_cell():
     assert explorer.metrics.value == layout_metrics_html(explorer.shard_plans)
     assert explorer.metrics.value.count("<tr>") == 4 and "white-space:nowrap" in explorer.metrics.value
     assert explorer.metrics in explorer.children
+
+
+def test_the_layout_explorer_takes_a_config_where_a_preset_goes():
+    """Issue 15: a config.json path or its dict wherever a preset name goes."""
+    from pathlib import Path
+
+    from workbench.core.hf_config import spec_from_hf_config
+    from workbench.views.widgets import build_layout_explorer
+
+    config = Path(__file__).parent / "data" / "hf_configs" / "qwen3_0_6b.json"
+    explorer = build_layout_explorer(str(config), num_shards=8)
+    given = explorer.controls["model"].value
+    assert given == spec_from_hf_config(config) and explorer.controls["model"].label.endswith("(given)")
+    with pytest.raises(ValueError, match="spec_or_preset"):
+        build_layout_explorer("no-such-model")

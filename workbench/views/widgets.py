@@ -83,6 +83,11 @@ class LayoutExplorer(widgets.VBox):
         from workbench.core import presets
 
         self._specs: dict[str, ModelSpec] = {}
+        if not isinstance(spec_or_preset, (ModelSpec, str)) or (
+                isinstance(spec_or_preset, str) and spec_or_preset not in presets.PRESETS):
+            from workbench.core.resolve import resolve_spec  # a config.json path or dict: its shapes
+
+            spec_or_preset = resolve_spec(spec_or_preset, argument="spec_or_preset")
         models: list[tuple[str, ModelSpec | str]] = [(name, name) for name in presets.list_presets()]
         if isinstance(spec_or_preset, ModelSpec):
             models.insert(0, (f"{spec_or_preset.name} (given)", spec_or_preset))
