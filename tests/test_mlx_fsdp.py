@@ -317,10 +317,11 @@ def test_bucket_matrix_rows_are_the_plans_rows(layout, n):
 
 
 @pytest.mark.parametrize("knobs,message", [
-    (dict(max_norm=0.0), r"max_norm must be None \(no clipping\) or a finite number > 0, got 0.0"),
+    (dict(max_norm=0.0), r"max_norm must be None \(no clipping\) or a number > 0 .* got 0.0"),
     (dict(max_norm=-1.0), r"max_norm must be .* got -1.0"),
     (dict(max_norm=float("nan")), r"max_norm must be .* got nan"),
     (dict(max_norm=True), r"max_norm must be .* got True"),
+    (dict(max_norm=float("-inf")), r"max_norm must be .* got -inf"),
     (dict(communication_size=float("nan")), r"communication_size must be a whole number of bytes .* got nan"),
     (dict(communication_size="32MB"), r"communication_size must be a whole number of bytes .* got '32MB'"),
 ])
@@ -333,6 +334,9 @@ def test_step_knobs_that_would_corrupt_the_update_are_refused_naming_them(knobs,
     for step in (fsdp_apply_gradients, ddp_apply_gradients):
         with pytest.raises(ValueError, match=message):
             step(grads, params, optim.SGD(learning_rate=0.1), **knobs)
+    # inf is the runs' way to ask for the norm without clipping: accepted, and nothing is scaled
+    new, norm = fsdp_apply_gradients(grads, params, optim.SGD(learning_rate=0.1), max_norm=float("inf"))
+    assert np.allclose(np.array(new["w"]), 0.9) and abs(norm.item() - 8 ** 0.5) < 1e-6
 
 
 def test_the_row_layout_error_suggests_only_what_the_step_takes(ring_run):

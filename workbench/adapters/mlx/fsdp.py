@@ -104,12 +104,13 @@ def shard_gradients(
 
 
 def check_step_knobs(max_norm: object, communication_size: object) -> None:
-    """Refuse a ``max_norm`` that is not None or a finite number > 0 (0 applies no update, a negative one
-    climbs, NaN poisons every parameter) and a ``communication_size`` that is not a whole number of
+    """Refuse a ``max_norm`` that is not None or a number > 0 (0 applies no update, a negative one climbs,
+    NaN poisons every parameter; ``inf`` reports the norm and clips nothing) and a ``communication_size`` that is not a whole number of
     bytes, naming the knob (issue 14, item 10)."""
     if max_norm is not None and (isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real)
-                                 or not math.isfinite(max_norm) or max_norm <= 0):
-        raise ValueError(f"max_norm must be None (no clipping) or a finite number > 0, got {max_norm!r}.")
+                                 or math.isnan(max_norm) or max_norm <= 0):
+        raise ValueError(f"max_norm must be None (no clipping) or a number > 0 (inf: report the norm, clip "
+                         f"nothing), got {max_norm!r}.")
     if isinstance(communication_size, bool) or not isinstance(communication_size, numbers.Integral):
         raise ValueError(f"communication_size must be a whole number of bytes (e.g. 32 * MiB), got "
                          f"{communication_size!r}.")
