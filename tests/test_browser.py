@@ -437,7 +437,7 @@ def settle_ms(page, sel: str, before: str, act) -> float:
     page.wait_for_function(f"() => JSON.stringify(Array.from(document.querySelector({json.dumps(sel)})"
                            ".querySelectorAll('.js-plotly-plot')).map(f => f.querySelector('.main-svg') ? "
                            "f.querySelector('.main-svg').outerHTML.length + ':' + (f.querySelector('.gtitle') || "
-                           f"{{textContent: ''}}).textContent : '')) !== {json.dumps(before)}", timeout=30_000)
+                           f"{{textContent: ''}}).textContent : '')) !== {json.dumps(before)}", timeout=120_000)  # a bound, not a target: 2 loaded cores took >30 s once
     last, quiet_since = explorer_state(page, sel), time.perf_counter()
     while time.perf_counter() - quiet_since < 0.1:
         page.wait_for_timeout(20)
