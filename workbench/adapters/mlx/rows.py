@@ -15,6 +15,7 @@ from workbench.adapters.mlx.transport import (
     ring_streams,
 )
 from workbench.core.buckets import plan_buckets
+from workbench.core.checks import byte_count
 from workbench.core.shards import ShardPlan, plan_shards
 
 #: Plans kept for reuse (a training loop asks for the same few every step), and rows' pieces.
@@ -28,7 +29,7 @@ def get_plan(parameters_flat: list[tuple[str, mx.array]], communication_size: in
     """The core's shard plan for these parameters (cached: planning is pure)."""
     spec = spec_from_mlx(tree_unflatten(list(parameters_flat)), name="mlx-params")
     try:
-        return _plan(spec, int(communication_size), int(num_shards), layout)
+        return _plan(spec, byte_count("communication_size", communication_size), int(num_shards), layout)
     except ValueError as err:  # the planner's hint names its own pad_rows, which the MLX steps do not take
         raise ValueError(str(err).replace(", or pad_rows=True", "; this step has no pad_rows")) from None
 
