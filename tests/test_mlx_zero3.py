@@ -133,8 +133,10 @@ def test_collectives_per_step_are_G_per_micro_batch_or_once(ring_run):
         ddp, fsdp, full = (acc[f"{s}_defer_{defer}"] for s in ("ddp", "fsdp", "full"))
         for counts, rep in zip(ddp["counts"], ddp["reports"]):
             assert rep["num_buckets"] == 10 and counts == {"all_sum": syncs * 10} and rep["num_all_sums"] == syncs * 10
+        assert [rep["num_rank_checks"] for rep in fsdp["reports"]][1:] == [0] * (len(fsdp["reports"]) - 1)
         for counts, rep in zip(fsdp["counts"], fsdp["reports"]):
             b = rep["num_buckets"]
+            counts = {**counts, "all_gather": counts["all_gather"] - rep["num_rank_checks"]}  # the plan check
             assert rep["num_reduce_scatters"] == syncs * b and rep["num_all_gathers"] == b
             if n == 2:
                 assert counts == {"all_gather": syncs * b + b}

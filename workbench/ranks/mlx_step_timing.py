@@ -168,6 +168,7 @@ def main() -> None:
     x = mx.array(rng.normal(size=(args.batch // size, args.hidden)).astype(np.float32))
     y = mx.array(rng.normal(size=(args.batch // size, args.hidden)).astype(np.float32))
     times = {name: [] for name in entries}
+    rank_checks = {}  # the ranks' plan check of fsdp_apply_gradients: seconds, first step of each plan only
     phases = {lay: {p: [] for p in PHASES} for lay in layouts}
     barrier = mx.zeros((1,))
     for _ in range(args.steps):
@@ -179,7 +180,11 @@ def main() -> None:
             if kw is None:
                 params[name] = ddp_apply_gradients(g, params[name], opts[name], communication_size=comm_size)
             else:
-                params[name] = fsdp_apply_gradients(g, params[name], opts[name], communication_size=comm_size, **kw)
+                report: dict = {}
+                params[name] = fsdp_apply_gradients(g, params[name], opts[name], communication_size=comm_size,
+                                                    report=report, **kw)
+                if report["rank_check_s"] is not None:
+                    rank_checks[name] = report["rank_check_s"]
             mx.eval(params[name], opts[name].state)
             times[name].append(time.perf_counter() - t0)
         for lay in layouts:
@@ -196,6 +201,7 @@ def main() -> None:
         "rank": rank, "size": size, "num_params": num_params, "times_s": times, "phases_s": phases,
         "communication_sizes": sizes, "link_times_s": link_times, "reduce_scatter_transport": resolve_transport(group, "auto"),
         "optimizer_state_bytes": {name: optimizer_state_bytes(opts[name]) for name in entries},
+        "rank_check_s": rank_checks,
         "peak_memory_bytes": mx.get_peak_memory(),
     }))
 

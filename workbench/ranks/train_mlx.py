@@ -9,7 +9,7 @@ import math
 import os
 import time
 
-from workbench.ranks.fingerprint import check_ranks_agree, plan_fingerprint
+from workbench.core.fingerprint import plan_fingerprint
 from workbench.ranks.probes import (
     COLLECTIVE_KEYS,
     can_split_groups,
@@ -28,6 +28,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     from mlx.utils import tree_flatten
 
     from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
+    from workbench.adapters.mlx.agree import check_ranks_agree
     from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
     from workbench.adapters.mlx.fsdp import optimizer_state_bytes
     from workbench.adapters.mlx.transport import has_sum_scatter

@@ -27,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from workbench.adapters.mlx.agree import agree_on_step
 from workbench.adapters.mlx.fsdp import (
     apply_gradient_shards,
     clip_by_global_norm,
@@ -35,7 +36,11 @@ from workbench.adapters.mlx.fsdp import (
     shard_gradients,
 )
 from workbench.adapters.mlx.rows import get_plan
-from workbench.adapters.mlx.transport import REDUCE_SCATTER_TRANSPORTS, has_sum_scatter
+from workbench.adapters.mlx.transport import (
+    REDUCE_SCATTER_TRANSPORTS,
+    resolve_transport,
+    ring_transport,
+)
 from workbench.adapters.mlx.zero3 import Zero3Model, shard_model
 from workbench.core.units import MiB
 
@@ -64,13 +69,6 @@ def split_microbatches(batch: tuple, num_microbatches: int) -> list[tuple]:
             raise ValueError(f"num_microbatches={g} must divide the local batch: argument {i} has shape "
                              f"{tuple(a.shape)}, whose axis 0 is not divisible by {g}.")
     return [tuple(a[k * (a.shape[0] // g):(k + 1) * (a.shape[0] // g)] for a in batch) for k in range(g)]
-
-
-def ring_transport(transport: str, num_ranks: int) -> str | None:
-    """How the workbench ring moves a reduce-scatter (as ``fsdp_apply_gradients`` reports it), else ``None``."""
-    if transport not in ("ring", "send_recv") or num_ranks < 2:
-        return None
-    return "all_gather exchange" if num_ranks == 2 and transport == "ring" else "send/recv"
 
 
 def _accumulate(value_and_grad: Callable, model: Any, micro_batches: list, sync: Callable | None):
@@ -114,8 +112,7 @@ class AccumTrainer:
         self.model, self.optimizer, self.group, self.strategy = model, optimizer, group, strategy
         self.num_microbatches, self.defer_sync, self.max_norm = num_microbatches, defer_sync, max_norm
         self.communication_size, self.layout = communication_size, layout
-        self.transport = reduce_scatter if reduce_scatter != "auto" else (
-            "sum_scatter" if group.size() > 1 and has_sum_scatter(group) else "ring")
+        self.transport = resolve_transport(group, reduce_scatter)
         self.report: dict = {}
         self.phase_hook: Callable[[str], None] | None = None
 
@@ -135,6 +132,9 @@ class AccumTrainer:
         per_micro = g > 1 and not self.defer_sync
         params = model.trainable_parameters()
         plan = get_plan(tree_flatten(params), self.communication_size, n, self.layout)
+        checks = None if self.strategy == "ddp" else agree_on_step(  # once per plan (fsdp_apply_gradients's own
+            self.group, plan, tree_flatten(params), layout=self.layout,  # check then finds it done)
+            communication_size=self.communication_size, max_norm=self.max_norm, transport=self.transport)
         value_and_grad, scale = nn.value_and_grad(model, loss_fn), 1.0 / g
         if self.strategy == "ddp":
             sync = (lambda gr: nn.average_gradients(gr, group=self.group, all_reduce_size=self.communication_size)) \
@@ -180,7 +180,7 @@ class AccumTrainer:
                            num_buckets=plan.buckets.num_buckets, reduce_scatter_transport=self.transport if fsdp else None,
                            ring_transport=ring_transport(self.transport, n) if fsdp else None,
                            num_all_sums=clip if fsdp else syncs * b, num_reduce_scatters=syncs * b if fsdp else 0,
-                           num_all_gathers=b if fsdp else 0,
+                           num_all_gathers=b if fsdp else 0, num_rank_checks=int(checks is not None),
                            sync_time_s=sync_s + time.perf_counter() - t_acc)
         self._phase("updated")
         return loss, norm

@@ -29,9 +29,11 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from workbench.adapters.mlx.agree import agree_on_step
 from workbench.adapters.mlx.rows import (
     bucket_matrix,
     bucket_row,
+    check_trees,
     get_plan,
     rebuild_arrays,
 )
@@ -43,23 +45,6 @@ from workbench.adapters.mlx.transport import (
 )
 from workbench.core.shards import ShardPlan
 from workbench.core.units import MiB
-
-
-def _check_trees(grads: list, params: list) -> None:
-    gkeys, pkeys = [k for k, _ in grads], [k for k, _ in params]
-    if gkeys != pkeys:
-        missing = [k for k in pkeys if k not in set(gkeys)]
-        extra = [k for k in gkeys if k not in set(pkeys)]
-        raise ValueError(
-            "The gradient tree must have the same structure as the parameters: "
-            f"parameters without a gradient {missing[:5]}, gradients without a parameter {extra[:5]}"
-            + ("" if missing or extra else " (same keys in a different order)") + "."
-        )
-    for (k, g), (_, p) in zip(grads, params):
-        if g.shape != p.shape:
-            raise ValueError(f"Gradient '{k}' has shape {tuple(g.shape)} but parameter '{k}' has shape {tuple(p.shape)}.")
-        if g.dtype != p.dtype:
-            raise ValueError(f"Gradient '{k}' is {g.dtype} but parameter '{k}' is {p.dtype}; dtypes are never promoted.")
 
 
 def shard_gradients(
@@ -217,6 +202,9 @@ def fsdp_apply_gradients(
         ValueError: mismatched trees (naming the path), a ``row`` array not divisible by N
             (naming path and shape), an unknown option, or an HSDP shape that does not
             multiply to the world size.
+        RanksDisagree: (a ``ValueError``) on every rank, before the first collective of a plan, when
+            the ranks' parameter paths, shapes, dtypes, layout, ``communication_size``, clipping
+            or transport differ; it names the first differing field and the ranks involved.
     """
     if layout not in ("row", "flat"):
         raise ValueError(f"Unknown layout {layout!r}; fsdp_apply_gradients supports 'row' and 'flat'.")
@@ -231,13 +219,18 @@ def fsdp_apply_gradients(
 
     params_flat = tree_flatten(parameters)
     grads_flat = tree_flatten(gradients)
-    _check_trees(grads_flat, params_flat)
+    check_trees(grads_flat, params_flat)
     if not params_flat:  # nothing to shard or update; tree_unflatten([]) would turn {} into []
         empty = type(parameters)() if isinstance(parameters, (dict, list, tuple)) else parameters
         return empty if max_norm is None else (empty, mx.array(0.0, dtype=mx.float32))
     plan = get_plan(params_flat, communication_size, n, layout)
     bp = plan.buckets
     transport = resolve_transport(fsdp, reduce_scatter)
+    # Before this plan is first used, every rank checks the others built the same one (issue 14,
+    # item 9): a differing parameter, shape, bucket cap or clipping setting otherwise hangs or
+    # silently averages wrong data. Once per plan; later steps pay a dictionary lookup.
+    check_s = agree_on_step(fsdp, plan, params_flat, layout=layout, communication_size=communication_size,
+                            max_norm=max_norm, transport=transport, replicas=num_replicas)
 
     grad_shards = shard_gradients(grads_flat, plan, fsdp, dp_group, transport, communication_stream)
     del grads_flat
@@ -260,6 +253,8 @@ def fsdp_apply_gradients(
             all_gather_bytes_sent=(n - 1) * shard_bytes,
             layout=layout,
             num_shards=n,
+            num_rank_checks=int(check_s is not None),  # one all_gather of a few int32s, first step only
+            rank_check_s=check_s,
         )
     result = tree_unflatten(updated)
     return result if max_norm is None else (result, grad_norm)

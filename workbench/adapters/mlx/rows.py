@@ -68,6 +68,24 @@ def _row_pieces(plan: ShardPlan, rank: int, bucket: int) -> tuple[list[tuple[int
     return cached[1], cached[2]
 
 
+def check_trees(grads: list, params: list) -> None:
+    """Refuse a gradient tree that differs from the parameters' in paths, order, shapes or dtypes (naming the path)."""
+    gkeys, pkeys = [k for k, _ in grads], [k for k, _ in params]
+    if gkeys != pkeys:
+        missing = [k for k in pkeys if k not in set(gkeys)]
+        extra = [k for k in gkeys if k not in set(pkeys)]
+        raise ValueError(
+            "The gradient tree must have the same structure as the parameters: "
+            f"parameters without a gradient {missing[:5]}, gradients without a parameter {extra[:5]}"
+            + ("" if missing or extra else " (same keys in a different order)") + "."
+        )
+    for (k, g), (_, p) in zip(grads, params):
+        if g.shape != p.shape:
+            raise ValueError(f"Gradient '{k}' has shape {tuple(g.shape)} but parameter '{k}' has shape {tuple(p.shape)}.")
+        if g.dtype != p.dtype:
+            raise ValueError(f"Gradient '{k}' is {g.dtype} but parameter '{k}' is {p.dtype}; dtypes are never promoted.")
+
+
 def bucket_row(arrays: list[mx.array], plan: ShardPlan, rank: int, bucket: int) -> mx.array:
     """Rank ``rank``'s row of ``bucket`` (the elements the plan gives it, then zero padding), 1-D.
 

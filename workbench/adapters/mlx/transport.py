@@ -181,3 +181,10 @@ class Collectives:
         self.bytes_sent.clear()
         self.last = None
         return out
+
+
+def ring_transport(transport: str, num_ranks: int) -> str | None:
+    """How the workbench ring moves a reduce-scatter (as ``fsdp_apply_gradients`` reports it), else ``None``."""
+    if transport not in ("ring", "send_recv") or num_ranks < 2:
+        return None
+    return "all_gather exchange" if num_ranks == 2 and transport == "ring" else "send/recv"

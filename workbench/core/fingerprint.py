@@ -1,0 +1,62 @@
+"""What ranks must agree on before a plan is first used, and which field differs when they do not (pure).
+
+Issue 14 found ranks of one FSDP step that differ in ``max_norm``, ``communication_size``, a parameter
+or a shape hang, or report success with wrong parameters. Each rank hashes each field of its plan's
+fingerprint (parameter paths, shapes and dtypes, layout, ``communication_size``, whether clipping is
+on, the group size, ...) to 31 bits; one all-gather of those few integers (the framework's part:
+:mod:`workbench.adapters.mlx.agree`) tells every rank which field differs and on which ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable, Mapping, Sequence
+
+
+class RanksDisagree(ValueError):
+    """The ranks' plans differ; ``field`` is the first differing field, ``ranks`` those that differ from rank 0."""
+
+    def __init__(self, field: str, ranks: list[int], rank: int, value: Any, *, out_of_step: bool = False):
+        if out_of_step:  # a peer ran another collective while this rank compared plans
+            message = (f"ranks are out of step: rank {rank} was comparing plans but ranks {ranks} were running "
+                       "another collective (a setting such as max_norm or communication_size changed on some ranks "
+                       "only after the plan's first step?); every rank must call the step with the same settings.")
+        else:
+            message = (f"ranks disagree on '{field}' before the first step: ranks {ranks} differ from rank 0 (this is "
+                       f"rank {rank}, with {field}={_short(value)}); every rank must build the same plan.")
+        super().__init__(message)
+        self.field, self.ranks = field, ranks
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def plan_fingerprint(params: Iterable[tuple[str, Any]], *, group_size: int, **settings: Any) -> dict[str, Any]:
+    """The fields ranks must agree on, in a fixed order.
+
+    Args:
+        params: ``(path, array)`` pairs in flatten order (anything with ``.shape`` and ``.dtype``).
+        group_size: Ranks in the group.
+        settings: Plan settings (layout, ``communication_size``, clipping on or off, ...); every rank
+            must pass the same names.
+    """
+    params = list(params)
+    return {"group_size": group_size, "paths": [p for p, _ in params],
+            "shapes": [tuple(int(d) for d in a.shape) for _, a in params],
+            "dtypes": [str(a.dtype) for _, a in params], **dict(sorted(settings.items()))}
+
+
+def field_hashes(fingerprint: Mapping[str, Any]) -> list[int]:
+    """One 31-bit hash per field (fits the int32 every backend all-gathers)."""
+    return [int(hashlib.sha256(f"{k}={v!r}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF for k, v in fingerprint.items()]
+
+
+def first_mismatch(names: Sequence[str], table: Sequence[Sequence[int]]) -> tuple[str, list[int]] | None:
+    """The first field whose hash differs between ranks, and the ranks that differ from rank 0 (pure)."""
+    for i, name in enumerate(names):
+        ranks = [r for r, row in enumerate(table) if row[i] != table[0][i]]
+        if ranks:
+            return name, ranks
+    return None
