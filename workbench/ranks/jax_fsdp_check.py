@@ -183,23 +183,28 @@ def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, bac
     return gloo_bound
 
 
-def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None, *,
+               parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """The worker's arguments; each flag of :data:`ENV` that is absent is read from its variable.
+
+    ``parser`` (another JAX worker's, with its own flags added) gets this worker's flags too.
 
     ``--backend`` defaults to ``gloo``; ``{process_id}`` in ``--out`` becomes the process id.
     Exits with status 2 (``argparse``'s), naming the flag and the variable, when neither is
     given or the variable's value is malformed.
     """
     environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    own = parser is None
+    parser = parser or argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coordinator", help="host:port of process 0's coordinator, e.g. 127.0.0.1:1234")
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--process-id", type=int)
     parser.add_argument("--backend", choices=BACKENDS, help="CPU collectives (default: gloo)")
     parser.add_argument("--out", required=True, help="JSON file to write; '{process_id}' is replaced by the rank")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--communication-size", type=int, default=256, help="FSDP bucket cap in bytes")
+    if own:
+        parser.add_argument("--steps", type=int, default=3)
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--communication-size", type=int, default=256, help="FSDP bucket cap in bytes")
     parser.add_argument("--timeout-s", type=int, default=60, help="distributed initialisation timeout")
     args = parser.parse_args(argv)
     for name, var in ENV.items():

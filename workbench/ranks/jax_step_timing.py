@@ -1,0 +1,111 @@
+"""One process of the JAX step-time benchmark (driven by ``benchmarks/bench_fsdp_step.py --framework jax``).
+
+    python -m workbench.ranks.jax_step_timing --out DIR [--hidden 2048] [--layers 6] [--steps 12]
+        [--strategies ddp,fsdp-row,fsdp-flat] [--communication-size BYTES]
+
+The JAX twin of :mod:`workbench.ranks.mlx_step_timing`, on the same model size: an MLP of
+``--layers`` square ``--hidden`` layers (25.2M parameters by default), fp32 AdamW, one CPU device
+per process, collectives over gloo (the launcher's ``WORKBENCH_*`` variables, as for
+:mod:`workbench.ranks.jax_fsdp_check`). Every strategy is a jitted step of
+:mod:`workbench.adapters.jax.fsdp` with its own parameters and optimizer state; each step runs every
+strategy once, in turn (interleaved), behind a barrier, timed from the call to the parameters and
+state being ready (forward, backward, collectives and update are one compiled program, so there
+is no per-part breakdown here). The first call of each strategy compiles it (a warm-up step).
+Writes ``DIR/rank{r}.json``: per-step seconds, the parameter count, optimizer-state bytes per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from workbench.core.units import MiB
+from workbench.ranks.jax_fsdp_check import (
+    build_problem,
+    initialize_jax,
+    mlp_loss,
+    parse_args,
+)
+
+#: Strategy -> FSDP layout (``None``: DDP).
+STRATEGIES = {"ddp": None, "fsdp-row": "row", "fsdp-flat": "flat"}
+
+
+def local_state_bytes(state) -> int:
+    """Bytes of this process's pieces of every array in an optimizer state."""
+    import jax
+
+    return int(sum(shard.data.nbytes for leaf in jax.tree_util.tree_leaves(state) if hasattr(leaf, "addressable_shards")
+                   for shard in leaf.addressable_shards))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--communication-size", type=int, default=32 * MiB, help="FSDP bucket cap in bytes")
+    args = parse_args(argv, parser=parser)
+    names = args.strategies.split(",")
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown:
+        parser.error(f"--strategies: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
+
+    import jax
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.adapters.jax.base import make_optimizer
+    from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
+
+    initialize_jax(args.coordinator, args.num_processes, args.process_id, backend=args.backend,
+                   timeout_s=args.timeout_s)
+    try:
+        mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+        params, batch = build_problem(args.seed, args.batch, (args.hidden,) * (args.layers + 1))
+
+        def to_global(tree, spec):  # every process holds the full NumPy data: take our pieces
+            sharding = NamedSharding(mesh, spec)
+            return jax.tree_util.tree_map(lambda a: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]), tree)
+
+        steps, state = {}, {}
+        for name in names:
+            opt = make_optimizer("adamw", 1e-4, weight_decay=0.01)
+            layout = STRATEGIES[name]
+            steps[name] = (make_ddp_step(mlp_loss, params, opt, mesh) if layout is None else
+                           make_fsdp_step(mlp_loss, params, opt, mesh, layout=layout,
+                                          communication_size=args.communication_size))
+            p = to_global(params, P())
+            state[name] = (p, steps[name].init(p))
+        b = to_global(batch, P("fsdp"))
+        times = {name: [] for name in names}
+        for i in range(args.steps):
+            for name in names:
+                multihost_utils.sync_global_devices(f"step {i} {name}")
+                t0 = time.perf_counter()
+                p, s, _ = steps[name].step(*state[name], b)
+                jax.block_until_ready((p, s))
+                times[name].append(time.perf_counter() - t0)
+                state[name] = (p, s)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank{jax.process_index()}.json").write_text(json.dumps({
+            "rank": jax.process_index(), "size": jax.process_count(), "framework": "jax", "backend": args.backend,
+            "num_params": int(sum(a.size for a in jax.tree_util.tree_leaves(params))), "times_s": times,
+            "optimizer_state_bytes": {name: local_state_bytes(state[name][1]) for name in names},
+            "communication_sizes": [args.communication_size], "jax_version": jax.__version__,
+        }))
+    finally:
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()
