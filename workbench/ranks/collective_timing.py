@@ -15,11 +15,11 @@ def _iters_for(size_bytes: int, iters: int) -> int:
 def _bench_mlx(spec: dict) -> dict:
     import mlx.core as mx
 
-    from workbench.adapters.mlx.transport import has_sum_scatter, reduce_scatter
+    from workbench.adapters.mlx.transport import reduce_scatter, resolve_transport
 
     group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
     n = group.size()
-    rs_path = "sum_scatter" if has_sum_scatter(group) else "ring"
+    rs_path = resolve_transport(group, "auto")  # the path fsdp_apply_gradients takes by default
     barrier = mx.zeros((1,))
     out = {}
     for kind in spec["kinds"]:
