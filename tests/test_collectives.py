@@ -6,6 +6,7 @@ import pytest
 from workbench.core.buckets import plan_buckets
 from workbench.core.strategies import MODEL_STRATEGY
 from workbench.core.units import MiB
+from workbench.estimate.advisor import recommend_communication_size
 from workbench.estimate.comm import AlphaBeta, bus_factor, estimate_comm, fit_alpha_beta
 from workbench.launch.benchmark import KINDS, benchmark_spec, run_collective_benchmark
 from workbench.launch.driver import run_training
@@ -13,6 +14,11 @@ from workbench.runs.estimate import estimate_run_memory, run_model_spec
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore
 from workbench.runs.tables import load_runs
+from workbench.studies.advice import (
+    ADVICE_COLUMNS,
+    advice_against_sweep,
+    fig_bucket_advice,
+)
 from workbench.studies.runs import WARMUP_STEPS
 from workbench.studies.step_time import (
     comm_size_table,
@@ -77,13 +83,20 @@ def test_bad_benchmark_knobs_name_the_field(kwargs, field):
         benchmark_spec(**args)
 
 
-def test_sweep_tables_from_real_runs(tmp_path):
-    sizes = (2**12, 2**16)
-    for cs in sizes:
+@pytest.fixture(scope="module")
+def sweep_store(tmp_path_factory):
+    """A real two-size sweep: DDP and FSDP-row MLX runs of TINY at 4 KiB and 64 KiB buckets."""
+    root = tmp_path_factory.mktemp("sweep")
+    for cs in (2**12, 2**16):
         for strategy in ("ddp", "fsdp-row"):
             outcome = run_training(RunSpec(framework="mlx", strategy=strategy, num_ranks=2, steps=3, global_batch=4,
-                                           model=TINY, communication_size=cs), tmp_path)
+                                           model=TINY, communication_size=cs), root)
             assert outcome.status == "done", outcome.error
+    return root
+
+
+def test_sweep_tables_from_real_runs(sweep_store):
+    tmp_path = sweep_store
     links = {("mlx", k): AlphaBeta(1e-4, 1e9) for k in KINDS}
     table = comm_size_table(load_runs(tmp_path), links)
     assert len(table) == 4 and (table.step_ms > table.sync_ms).all() and (table.sync_ms > 0).all()
@@ -112,3 +125,32 @@ def test_sweep_tables_from_real_runs(tmp_path):
     assert len(fig_comm_size_sweep(table).data) == 2 * 5
     with pytest.raises(KeyError, match="jax all_reduce"):
         predict_sync_s(estimate_comm(buckets, "ddp", 2), links, "jax")
+
+
+def test_the_advisor_is_asked_about_the_sizes_a_sweep_ran_and_set_beside_their_measurement(sweep_store):
+    loaded = load_runs(sweep_store)
+    links = {("mlx", k): AlphaBeta(1e-4, 1e9) for k in KINDS}
+    check = advice_against_sweep(loaded, links)
+    t = check.table
+    assert list(t.columns) == ADVICE_COLUMNS and list(t["communication size (MiB)"]) == [2**12 / MiB, 2**16 / MiB]
+    # The advice is the estimate layer's own answer for the sweep's model, N and layout.
+    spec = run_model_spec(dict(model=TINY, precision="float32"))
+    own = recommend_communication_size(spec, 2, links, sizes=[2**12, 2**16], layout="row")
+    assert check.advice.communication_size == own.communication_size
+    assert list(t["predicted sync (ms)"]) == pytest.approx([p.predicted_sync_s * 1e3 for p in own.curve])
+    # Measured figures are the sweep table's; the gap is the advised size's against the best.
+    sweep = comm_size_table(loaded, links).query("strategy == 'fsdp-row'")
+    assert list(t["measured step (ms)"]) == pytest.approx(list(sweep.step_ms))
+    best = min(sweep.step_ms)
+    advised = float(sweep[sweep.communication_size == own.communication_size].step_ms.iloc[0])
+    assert check.gap == pytest.approx(advised / best - 1) and check.within_target == (check.gap <= 0.05)
+    assert t.advised.sum() == 1 and t["best measured"].sum() == 1
+    # The predicted step is the sync plus one constant: the median of (measured step - predicted sync).
+    offsets = t["predicted step (ms)"] - t["predicted sync (ms)"]
+    assert offsets.max() - offsets.min() < 1e-9
+    assert check.summary()["advised communication_size"] == f"{own.communication_size / MiB:g} MiB"
+    assert len(fig_bucket_advice(check).data) == 4
+    with pytest.raises(ValueError, match="fsdp-full"):
+        advice_against_sweep(loaded, links, strategy="fsdp-full")
+    with pytest.raises(ValueError, match="needs at least 2"):
+        advice_against_sweep(loaded, links, precision="bfloat16")

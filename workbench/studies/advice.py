@@ -1,0 +1,132 @@
+"""The bucket-size advisor against a measured ``communication_size`` sweep (notebook 05, the deck).
+
+:func:`workbench.estimate.advisor.recommend_communication_size` prices each candidate size with the
+machine's fitted alpha-beta links and recommends the smallest size within ``tolerance`` of the least
+predicted sync time. :func:`advice_against_sweep` asks it about exactly the sizes a stored sweep ran,
+for the sweep's own model, N and layout, and sets the measured step time of each size beside the
+prediction: did the advised size run within 5% of the best size measured? :func:`fig_bucket_advice`
+draws it. The predicted *step* time is the predicted sync time plus one constant, the median over the
+sweep of (measured step - predicted sync): the part of the step the links do not see (gradient,
+update, dispatch). The advice itself does not depend on that constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.core.strategies import MODEL_STRATEGY
+from workbench.estimate.advisor import BucketAdvice, recommend_communication_size
+from workbench.estimate.comm import AlphaBeta
+from workbench.runs.estimate import run_model_spec, spec_from_row
+from workbench.studies.step_time import comm_size_table
+from workbench.views.style import TEMPLATE
+
+#: The advised size must run within this fraction of the best measured (issue 17).
+ADVICE_TARGET = 0.05
+
+#: Columns of :attr:`AdviceCheck.table`, as a reader sees them.
+ADVICE_COLUMNS = ["communication size (MiB)", "buckets", "predicted sync (ms)", "predicted step (ms)",
+                  "measured step (ms)", "advised", "best measured"]
+
+
+@dataclass(frozen=True)
+class AdviceCheck:
+    """The advisor's pick for a stored sweep, against what the sweep measured.
+
+    Attributes:
+        advice: The advisor's answer (recommendation and predicted curve).
+        table: One row per size of the sweep (:data:`ADVICE_COLUMNS`).
+        best_measured: The size (bytes) with the least measured step time.
+        gap: Measured step at the advised size over the best measured, minus 1 (0.03 = 3% slower).
+        label: What was swept: framework, strategy, precision, model size, N.
+    """
+
+    advice: BucketAdvice
+    table: pd.DataFrame
+    best_measured: int
+    gap: float
+    label: str
+
+    @property
+    def within_target(self) -> bool:
+        """Whether the advised size ran within :data:`ADVICE_TARGET` of the best measured."""
+        return self.gap <= ADVICE_TARGET
+
+    def summary(self) -> dict[str, str]:
+        """The answer in words and rounded figures (what a notebook or slide prints)."""
+        mib = 2**20
+        return {"swept": self.label,
+                "advised communication_size": f"{self.advice.communication_size / mib:g} MiB",
+                "best measured": f"{self.best_measured / mib:g} MiB",
+                "advised against best measured": f"{self.gap * 100:+.1f}%",
+                f"within {ADVICE_TARGET:.0%} of the best measured": "yes" if self.within_target else "no"}
+
+
+def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, framework: str = "mlx",
+                         strategy: str = "fsdp-row", precision: str = "float32", tolerance: float = 0.01) -> AdviceCheck:
+    """Recommend a ``communication_size`` among the sizes a stored sweep ran, and check it against them.
+
+    Args:
+        loaded: :func:`workbench.runs.tables.load_runs` of the sweep's store.
+        links: :func:`workbench.studies.step_time.fit_links` of the same machine's collective benchmark.
+        framework, strategy, precision: Which runs of the store form the sweep (one model, one N).
+        tolerance: The advisor's knee (see :func:`~workbench.estimate.advisor.recommend_communication_size`).
+
+    Raises:
+        ValueError: fewer than 2 sizes measured, runs of several models or group sizes mixed, or a
+            strategy the advisor does not price, each named.
+    """
+    if MODEL_STRATEGY.get(strategy) not in ("ddp", "fsdp"):
+        raise ValueError(f"strategy {strategy!r}: the advisor prices ddp, fsdp-row and fsdp-flat.")
+    table = comm_size_table(loaded, links)
+    t = table[(table.framework == framework) & (table.strategy == strategy) & (table.precision == precision)]
+    t = t.dropna(subset=["step_ms"])
+    if t.communication_size.nunique() < 2:
+        raise ValueError(f"advice_against_sweep: {framework} {strategy} {precision} has "
+                         f"{t.communication_size.nunique()} communication_size(s) measured; a sweep needs at least 2.")
+    runs = loaded.runs.set_index("run_id").loc[t.run_id]
+    specs = [spec_from_row(row) for _, row in runs.reset_index().iterrows()]
+    shapes = {(repr(s["model"]), s["num_ranks"]) for s in specs}
+    if len(shapes) > 1:
+        raise ValueError(f"advice_against_sweep: the {framework} {strategy} runs mix {len(shapes)} (model, num_ranks) "
+                         "pairs; keep one sweep per store (or filter the runs first).")
+    measured = t.groupby("communication_size").step_ms.median()
+    sizes = [int(s) for s in measured.index]
+    spec, n = run_model_spec(specs[0]), int(specs[0]["num_ranks"])
+    kw = dict(sizes=sizes, layout=strategy.split("-")[1] if "-" in strategy else "row",
+              strategy=MODEL_STRATEGY[strategy], framework=framework)
+    bare = recommend_communication_size(spec, n, links, tolerance=tolerance, **kw)
+    base_s = max(0.0, float((measured / 1e3 - pd.Series({p.communication_size: p.predicted_sync_s
+                                                          for p in bare.curve})).median()))
+    advice = recommend_communication_size(spec, n, links, tolerance=tolerance, base_s=base_s, **kw)
+    best = int(measured.idxmin())
+    rows = [[p.communication_size / 2**20, p.num_buckets, p.predicted_sync_s * 1e3, p.predicted_step_s * 1e3,
+             float(measured[p.communication_size]), p.communication_size == advice.communication_size,
+             p.communication_size == best] for p in advice.curve]
+    return AdviceCheck(advice=advice, table=pd.DataFrame(rows, columns=ADVICE_COLUMNS), best_measured=best,
+                       gap=float(measured[advice.communication_size] / measured[best] - 1),
+                       label=f"{framework} {strategy} {precision}, {spec.num_params / 1e6:.1f}M parameters, N = {n}")
+
+
+def fig_bucket_advice(check: AdviceCheck, *, height: int = 440) -> go.Figure:
+    """Predicted and measured step time against ``communication_size``; the advised and best sizes marked."""
+    t = check.table
+    x = t["communication size (MiB)"].tolist()
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, title=f"Bucket-size advice: {check.label}",
+                                xaxis=dict(type="log", title="communication_size (MiB, log scale)"),
+                                yaxis=dict(title="time per step (ms)"), legend=dict(orientation="h", y=-0.22)))
+    fig.add_trace(go.Scatter(x=x, y=t["measured step (ms)"].tolist(), mode="lines+markers", name="measured step",
+                             line=dict(color="#4C78A8")))
+    fig.add_trace(go.Scatter(x=x, y=t["predicted step (ms)"].tolist(), mode="lines+markers",
+                             name="predicted step (links + constant)", line=dict(color="#F58518", dash="dash")))
+    for flag, label, color, symbol in (("advised", "advised", "#E45756", "star"),
+                                       ("best measured", "best measured", "#54A24B", "circle-open")):
+        row = t[t[flag]].iloc[0]
+        fig.add_trace(go.Scatter(x=[row["communication size (MiB)"]], y=[row["measured step (ms)"]], mode="markers",
+                                 name=f"{label}: {row['communication size (MiB)']:g} MiB",
+                                 marker=dict(color=color, size=16, symbol=symbol, line=dict(width=2, color=color))))
+    return fig
