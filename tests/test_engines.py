@@ -75,6 +75,35 @@ def test_a_killed_engine_fails_the_run_naming_the_rank_and_stops_the_others():
     assert wait_dead(pids) == []
 
 
+def abort_at_once(rank):
+    """Write to fd 2 and exit in the same instant, as a native abort does."""
+    import os
+    os.write(2, f"native abort of rank {rank}\n".encode())
+    os._exit(6)
+
+
+def test_native_output_written_just_before_an_engine_dies_is_in_its_log(monkeypatch):
+    """ipykernel captured the engines' fd 2 through a pipe and a thread: a process that exited right
+    after writing lost the line whenever that thread had not run yet, and under load the run's error
+    quoted an empty log (issue 14's flaky test). The engines now write fd 2 straight to their log."""
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # ipykernel never captures under pytest: start them as a user does
+    run = start_engines(plan_launch(2, framework="mlx"))
+    try:
+        pids = list(run.pids.values())
+        for r in (0, 1):
+            run.client[run.rank_engine[r]].apply_async(abort_at_once, r)
+        assert wait_dead(pids) == []
+        assert "native abort of rank 0" in run.output_tail(0)
+        # Rank 1 as in a notebook, whose kernel runs ipyparallel's event loop: the exit is noticed (the
+        # call its loop makes), the output moves into the set's ``outputs`` and the log file is deleted.
+        (engine,) = run.launchers[1].launchers.values()
+        engine.notify_stop({"exit_code": 6, "pid": engine.pid, "identifier": engine.identifier})
+        assert not run.launchers[1].launchers and not os.path.exists(engine.output_file)
+        assert "native abort of rank 1" in run.output_tail(1)
+    finally:
+        run.stop()
+
+
 def test_a_timeout_and_an_interrupt_stop_every_engine():
     run = start_engines(plan_launch(2, framework="jax"))
     pids = list(run.pids.values())

@@ -64,8 +64,12 @@ class EngineRun:
         an engine that died without raising died (an abort in native code, a clash on a port)."""
         launcher = self.launchers.get(rank)
         try:
-            text = "".join(sub.get_output() for sub in launcher.launchers.values()) if launcher else ""
-        except Exception:  # a remote launcher may hold no output here
+            # Where ipyparallel's event loop runs (a notebook's kernel), it notices an engine's exit, moves
+            # the engine's output into the set's ``outputs`` and deletes the log file: read both (copies:
+            # that loop's callbacks edit them).
+            kept, subs = list(getattr(launcher, "outputs", {}).values()), list(launcher.launchers.values())
+            text = "".join([*kept, *(sub.get_output() for sub in subs)])
+        except Exception:  # no launcher, or a remote one that holds no output here
             return ""
         return _ANSI.sub("", text)[-chars:].strip()
 
@@ -165,6 +169,9 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
             started so far is stopped).
     """
     import ipyparallel as ipp
+    from traitlets.config import Config
+
+    from workbench.launch.outstream import ENGINE_ARG
 
     t0 = time.monotonic()
     tmp = None
@@ -174,6 +181,8 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
     workdir.mkdir(parents=True, exist_ok=True)
     extra_env = plan.write_files(workdir)
     cluster_kwargs.setdefault("controller_args", list(FAST_HEARTBEAT))
+    config = cluster_kwargs.setdefault("config", Config())  # native output straight to the engine's log
+    config.EngineLauncher.engine_args = [*config.EngineLauncher.get("engine_args", []), ENGINE_ARG]
     cluster_kwargs.setdefault("cluster_id", f"{CLUSTER_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
     cluster = ipp.Cluster(n=0, controller_ip=plan.host, log_level=logging.ERROR,
                           engine_launcher_class=engine_launcher_class, **cluster_kwargs)
