@@ -4,7 +4,8 @@
   ``WORKBENCH_EXPORT=1`` and write self-contained HTML (plotly.js embedded, no
   MathJax or require.js from a CDN) to a build folder.
 * :func:`refresh_notebook` -- re-execute a notebook in place and keep it in the form
-  nbval checks in CI: outputs kept, widget state and volatile metadata dropped.
+  nbval checks in CI: outputs kept, widget state and volatile metadata dropped; and in the form
+  JupyterLab saves (:mod:`workbench.publish.labsave`), so it opens without the unsaved-changes dot.
 """
 
 from __future__ import annotations
@@ -244,11 +245,14 @@ def strip_for_commit(nb) -> None:
 
 
 def refresh_notebook(path: Path) -> None:
-    """Re-execute ``path`` in place in the form nbval checks (see the module docstring)."""
+    """Re-execute ``path`` in place in the form nbval checks and JupyterLab saves (see the module docstring)."""
     import nbformat
+
+    from workbench.publish.labsave import save_as_lab_would
 
     nb = execute_notebook(path, WORKBENCH_SMALL="1", WORKBENCH_EXPORT="0")
     strip_for_commit(nb)
+    save_as_lab_would(nb)
     nbformat.write(nb, path)
 
 
