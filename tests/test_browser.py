@@ -385,6 +385,54 @@ def test_stored_notebooks_open_in_jupyterlab_without_the_unsaved_changes_dot(bro
     assert errors == {}, errors
 
 
+SWEEP_NOTEBOOK = "progress.ipynb"
+#: Every progress bar in the page: its label, its fill as drawn (a share of its track), the text beside it.
+PROGRESS_BARS = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output .widget-hprogress')).map(p => {
+    const track = p.querySelector('.progress'), fill = p.querySelector('.progress-bar');
+    const row = p.closest('.widget-hbox') || p.parentElement;
+    return {label: (p.querySelector('.widget-label') || {textContent: ''}).textContent.trim(),
+            percent: track && fill ? 100 * fill.getBoundingClientRect().width / track.getBoundingClientRect().width : null,
+            text: row.innerText.replace(/\\s+/g, ' ').trim(), visible: p.getBoundingClientRect().width > 0};
+})"""
+
+
+def test_a_sweep_in_jupyterlab_ends_with_every_progress_bar_full_and_labelled(lab_page, jupyterlab, tmp_path):
+    """Issue 18, runs in notebooks 03 and 04: bars stopped at 67-95 % while their label said "done", and an
+    unlabelled ipyparallel "2/2 engines" bar followed each run. A sweep of two tiny MLX runs (3 steps) runs
+    through ``run_sweep`` in a real JupyterLab; from the rendered page: each run's bar and the sweep's bar
+    are full and say done, and every bar has a label (no engines bar)."""
+    w, page = lab_page, lab_page.page
+    tiny = dict(vocab_size=32, seq_len=8, dim=16, num_layers=1, num_heads=2, mlp_dim=32)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
+        "from workbench.runs.spec import RunSpec\nfrom workbench.views.progress import run_sweep\n"
+        f"specs = [RunSpec(framework='mlx', strategy=s, num_ranks=2, steps=3, global_batch=4, model={tiny!r})\n"
+        "         for s in ('ddp', 'fsdp-row')]",
+        "outcomes = run_sweep(specs, 'runs')",
+        "print('statuses:', [o.status for o in outcomes])",
+    )])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "root" / SWEEP_NOTEBOOK)  # the server's root (the jupyterlab fixture's)
+    open_and_run_all(page, jupyterlab, SWEEP_NOTEBOOK)
+    page.wait_for_selector(".jp-OutputArea-output:has-text('statuses:')", timeout=300_000)
+    wait_for_kernel(page, jupyterlab, notebook=SWEEP_NOTEBOOK)
+    assert "statuses: ['done', 'done']" in page.locator(".jp-OutputArea-output:has-text('statuses:')").inner_text()
+    page.wait_for_timeout(500)  # the last widget messages drawn
+    bars = page.evaluate(PROGRESS_BARS)
+    UX.mkdir(parents=True, exist_ok=True)
+    (UX / "progress-bars.json").write_text(json.dumps(bars, indent=1))
+    page.locator(".jp-OutputArea-output .widget-hprogress").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(UX / "progress-sweep-done.png"))
+    assert [b["label"] for b in bars] == ["sweep of 2", "mlx ddp", "mlx fsdp-row"], bars  # no unlabelled bar
+    assert all(b["visible"] and b["percent"] is not None and b["percent"] > 99.5 for b in bars), bars
+    assert "2 of 2 runs done" in bars[0]["text"], bars[0]
+    assert all(re.search(r"\bdone in \d", b["text"]) for b in bars[1:]), bars
+    outputs = " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+    assert not re.search(r"\d+/\d+ \[.*engine", outputs), outputs  # ipyparallel's tqdm text ("2/2 [00:01<00:00, 1.3engine/s]")
+    assert page.locator(".workbench-sweep-pinned").count() == 0  # the pinned ETA goes when the sweep is done
+    assert w.errors() == [], w.errors()
+    assert w.blocked == [], w.blocked
+
+
 # --------------------------------------------------------------------------- what a design reviewer checks (issue 18)
 
 UX = Path(os.environ.get("WORKBENCH_UX_ARTIFACTS", ROOT / "build" / "ux"))
