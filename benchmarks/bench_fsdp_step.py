@@ -45,10 +45,10 @@ def spread(values: list[float], scale: float = 1.0, fmt: str = "{:.0f}") -> str:
 def run_once(args, framework: str, tmp: Path) -> list[dict]:
     common = ["--steps", str(args.steps), "--hidden", str(args.hidden), "--layers", str(args.layers),
               "--strategies", args.strategies, "--communication-size", str(args.communication_size)]
+    extra = ["--phases"] if args.phases else []
     if framework == "jax":
         return run_worker(plan_launch(args.ranks, framework="jax"), "workbench.ranks.jax_step_timing", tmp, *common,
-                          timeout_s=1800)
-    extra = ["--phases"] if args.phases else []
+                          *extra, timeout_s=1800)
     return run_worker(plan_launch(args.ranks), "workbench.ranks.mlx_step_timing", tmp, *common, *extra, timeout_s=1800)
 
 
@@ -72,23 +72,31 @@ def ratio_table(framework: str, runs: list[list[dict]], args) -> dict[str, list[
     return ratio
 
 
-def print_phases(runs: list[list[dict]], args) -> None:
+def print_phases(framework: str, runs: list[list[dict]], args) -> None:
+    """Each part's median ms per strategy; DDP's all-reduce is shown in the reduce_scatter row."""
     r0 = runs[0][0]
-    print("\nThe step part by part (each part evaluated alone; ms, median over repeats; DDP's "
-          "reduce_scatter is its all-reduce):")
-    layouts = list(r0["phases_s"])
-    print(f"{'part':<16}" + "".join(f"{lay:>14}" for lay in layouts))
-    totals = dict.fromkeys(layouts, 0.0)
-    for part in r0["phases_s"][layouts[0]]:
+    names = list(r0["phases_s"])
+    longest = max((list(r0["phases_s"][name]) for name in names), key=len)  # FSDP's order of parts
+    parts = [p for p in dict.fromkeys([*longest, *(p for name in names for p in r0["phases_s"][name])])
+             if p != "all_reduce"]
+    print(f"\n{framework.upper()}: the step part by part (each part evaluated alone; ms, median over repeats; "
+          "DDP's all-reduce in the reduce_scatter row):")
+    print(f"{'part':<16}" + "".join(f"{name:>14}" for name in names))
+    totals = dict.fromkeys(names, 0.0)
+    for part in parts:
         row = []
-        for lay in layouts:
-            v = statistics.median(
-                statistics.median(max(r["phases_s"][lay][part][i] for r in ranks)
-                                  for i in range(WARMUP_STEPS, args.steps)) for ranks in runs)
-            totals[lay] += v
+        for name in names:
+            have = r0["phases_s"][name]
+            key = "all_reduce" if part == "reduce_scatter" and part not in have else part
+            if key not in have:
+                row.append(f"{'-':>14}")
+                continue
+            v = statistics.median(statistics.median(max(r["phases_s"][name][key][i] for r in ranks)
+                                                    for i in range(WARMUP_STEPS, args.steps)) for ranks in runs)
+            totals[name] += v
             row.append(f"{v * 1e3:>14.1f}")
         print(f"{part:<16}" + "".join(row))
-    print(f"{'sum of parts':<16}" + "".join(f"{totals[lay] * 1e3:>14.1f}" for lay in layouts))
+    print(f"{'sum of parts':<16}" + "".join(f"{totals[name] * 1e3:>14.1f}" for name in names))
 
 
 def main() -> None:
@@ -101,7 +109,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--communication-size", type=int, default=32 * 2**20)
     parser.add_argument("--strategies", default="ddp,fsdp-row,fsdp-flat")
-    parser.add_argument("--phases", action="store_true", help="MLX: also time the step part by part")
+    parser.add_argument("--phases", action="store_true", help="also time each step part by part")
     args = parser.parse_args()
     frameworks = ["mlx", "jax"] if args.framework == "both" else [args.framework]
     runs: dict[str, list[list[dict]]] = {fw: [] for fw in frameworks}
@@ -114,13 +122,15 @@ def main() -> None:
     if "mlx" in runs:
         r0 = runs["mlx"][0][0]
         if args.phases and r0["phases_s"]:
-            print_phases(runs["mlx"], args)
+            print_phases("mlx", runs["mlx"], args)
         checks = [max(r["rank_check_s"][name] for r in ranks) for ranks in runs["mlx"] for name in ranks[0]["rank_check_s"]]
         if checks:  # issue 14, item 9: the ranks compare their plans once, on a plan's first step
-            print(f"MLX ranks' plan check (one all_gather of 18 int32, first step of each plan only): "
+            print(f"MLX ranks' plan check (one all_gather of 19 int32, first step of each plan only): "
                   f"{spread(checks, 1e3, '{:.2f}')} ms over {len(checks)} plans; later steps: 0")
         peak = max(r["peak_memory_bytes"] for ranks in runs["mlx"] for r in ranks)
         print(f"MLX peak memory per rank (every strategy resident at once): {peak / 2**20:.0f} MiB")
+    if "jax" in runs and args.phases and runs["jax"][0][0]["phases_s"]:
+        print_phases("jax", runs["jax"], args)
     if len(frameworks) == 2 and all(ratios.values()):
         print(f"\nStep time / DDP, {args.ranks} ranks, side by side (median, lowest-highest):")
         print(f"{'strategy':<20}" + "".join(f"{fw:>24}" for fw in frameworks))

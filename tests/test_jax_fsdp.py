@@ -290,6 +290,8 @@ def test_bad_inputs_raise_errors_naming_the_thing_at_fault():
         make_fsdp_step(mlp_loss, params, optax.sgd(0.1), mesh, layout="row")
     with pytest.raises(ValueError, match="layout must be 'row' or 'flat'"):
         make_fsdp_step(mlp_loss, params, optax.sgd(0.1), mesh, layout="greedy")
+    with pytest.raises(ValueError, match="reduce_scatter must be one of psum_scatter, all_to_all, got 'ring'"):
+        make_fsdp_step(mlp_loss, params, optax.sgd(0.1), mesh, layout="flat", reduce_scatter="ring")
     with pytest.raises(ValueError, match="'model' not found"):
         make_fsdp_step(mlp_loss, params, optax.sgd(0.1), mesh, axis="model")
     with pytest.raises(ValueError, match="'replica' not found"):

@@ -9,8 +9,9 @@ per process, collectives over gloo (the launcher's ``WORKBENCH_*`` variables, as
 :mod:`workbench.ranks.jax_fsdp_check`). Every strategy is a jitted step of
 :mod:`workbench.adapters.jax.fsdp` with its own parameters and optimizer state; each step runs every
 strategy once, in turn (interleaved), behind a barrier, timed from the call to the parameters and
-state being ready (forward, backward, collectives and update are one compiled program, so there
-is no per-part breakdown here). The first call of each strategy compiles it (a warm-up step).
+state being ready (forward, backward, collectives and update are one compiled program). ``--phases``
+adds each step cut into separately compiled parts (:mod:`workbench.ranks.jax_phases`), timed alone.
+The first call of each strategy compiles it (a warm-up step).
 Writes ``DIR/rank{r}.json``: per-step seconds, the parameter count, optimizer-state bytes per rank.
 """
 
@@ -31,8 +32,11 @@ from workbench.ranks.jax_fsdp_check import (
     parse_args,
 )
 
-#: Strategy -> FSDP layout (``None``: DDP).
-STRATEGIES = {"ddp": None, "fsdp-row": "row", "fsdp-flat": "flat"}
+#: Strategy -> (FSDP layout, reduce-scatter transport) (``None``: DDP). The default strategies
+#: use the step's default transport (``psum_scatter``); ``-a2a`` the all-to-all one.
+STRATEGIES = {"ddp": None, "fsdp-row": ("row", "psum_scatter"), "fsdp-flat": ("flat", "psum_scatter"),
+              "fsdp-row-a2a": ("row", "all_to_all"), "fsdp-flat-a2a": ("flat", "all_to_all")}
+DEFAULT_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat")
 
 
 def local_state_bytes(state) -> int:
@@ -50,8 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES))
     parser.add_argument("--communication-size", type=int, default=32 * MiB, help="FSDP bucket cap in bytes")
+    parser.add_argument("--phases", action="store_true", help="also time each strategy's step part by part")
     args = parse_args(argv, parser=parser)
     names = args.strategies.split(",")
     unknown = [s for s in names if s not in STRATEGIES]
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from workbench.adapters.jax.base import make_optimizer
     from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
+    from workbench.ranks.jax_phases import ddp_parts, fsdp_parts, time_parts
 
     initialize_jax(args.coordinator, args.num_processes, args.process_id, backend=args.backend,
                    timeout_s=args.timeout_s)
@@ -79,14 +85,17 @@ def main(argv: list[str] | None = None) -> None:
         steps, state = {}, {}
         for name in names:
             opt = make_optimizer("adamw", 1e-4, weight_decay=0.01)
-            layout = STRATEGIES[name]
-            steps[name] = (make_ddp_step(mlp_loss, params, opt, mesh) if layout is None else
-                           make_fsdp_step(mlp_loss, params, opt, mesh, layout=layout,
+            how = STRATEGIES[name]
+            steps[name] = (make_ddp_step(mlp_loss, params, opt, mesh) if how is None else
+                           make_fsdp_step(mlp_loss, params, opt, mesh, layout=how[0], reduce_scatter=how[1],
                                           communication_size=args.communication_size))
             p = to_global(params, P())
             state[name] = (p, steps[name].init(p))
         b = to_global(batch, P("fsdp"))
         times = {name: [] for name in names}
+        parts = {name: (ddp_parts if STRATEGIES[name] is None else fsdp_parts)(steps[name], mesh)
+                 for name in names} if args.phases else {}
+        phases = {name: {} for name in parts}
         for i in range(args.steps):
             for name in names:
                 multihost_utils.sync_global_devices(f"step {i} {name}")
@@ -95,13 +104,18 @@ def main(argv: list[str] | None = None) -> None:
                 jax.block_until_ready((p, s))
                 times[name].append(time.perf_counter() - t0)
                 state[name] = (p, s)
+            for name, programs in parts.items():
+                part_s = time_parts(programs, *state[name], b, lambda what: multihost_utils.sync_global_devices(
+                    f"step {i} {name} {what}"))
+                for part, seconds in part_s.items():
+                    phases[name].setdefault(part, []).append(seconds)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{jax.process_index()}.json").write_text(json.dumps({
             "rank": jax.process_index(), "size": jax.process_count(), "framework": "jax", "backend": args.backend,
             "num_params": int(sum(a.size for a in jax.tree_util.tree_leaves(params))), "times_s": times,
             "optimizer_state_bytes": {name: local_state_bytes(state[name][1]) for name in names},
-            "communication_sizes": [args.communication_size], "jax_version": jax.__version__,
+            "communication_sizes": [args.communication_size], "jax_version": jax.__version__, "phases_s": phases,
         }))
     finally:
         jax.distributed.shutdown()

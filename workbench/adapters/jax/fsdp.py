@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 from workbench.adapters.jax.accum import accumulate, check_accum, counts, split_local
 from workbench.adapters.jax.base import spec_from_jax
 from workbench.adapters.jax.step_base import (
+    REDUCE_SCATTERS,
     StepBase,
     axis_names,
     check_mesh,
@@ -42,6 +43,7 @@ from workbench.adapters.jax.step_base import (
     global_norm,
     pack_bucket,
     packed_buckets,
+    reduce_scatter_rows,
     smap,
     state_specs,
     unpack_bucket,
@@ -70,8 +72,11 @@ class FsdpStep(StepBase):
     """
 
     def __init__(self, loss_fn, params, optimizer, mesh, *, axis, communication_size, layout, max_norm, dp_axis,
-                 return_grad_shards, num_microbatches, defer_sync):
+                 return_grad_shards, num_microbatches, defer_sync, reduce_scatter="psum_scatter"):
         check_accum(num_microbatches, defer_sync)
+        if reduce_scatter not in REDUCE_SCATTERS:
+            raise ValueError(f"reduce_scatter must be one of {', '.join(REDUCE_SCATTERS)}, got {reduce_scatter!r}.")
+        self.reduce_scatter = reduce_scatter
         self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
         if layout not in ("row", "flat"):
             raise ValueError(f"FSDP layout must be 'row' or 'flat', got {layout!r}.")
@@ -101,14 +106,15 @@ class FsdpStep(StepBase):
         self._init = smap(self._init_body, mesh, (P(),), specs, live)
         self._step = smap(self._step_body, mesh, (P(), specs, data), (P(), specs, metrics), live)
 
-    def _local_slices(self, leaves: Sequence[jax.Array]) -> list[jax.Array]:
+    def local_slices(self, leaves: Sequence[jax.Array]) -> list[jax.Array]:
+        """Inside the step's ``shard_map``: this rank's slice of every bucket of ``leaves`` (the parameters)."""
         r = jax.lax.axis_index(self.axis)
         n, layout = self.num_shards, self.layout
         return [jax.lax.dynamic_slice_in_dim(pack_bucket(bk, leaves, n, layout), r * bk.chunk_elems, bk.chunk_elems)
                 for bk in self.packed_buckets]
 
     def _init_body(self, params):
-        return self.optimizer.init(self._local_slices(jax.tree_util.tree_leaves(params)))
+        return self.optimizer.init(self.local_slices(jax.tree_util.tree_leaves(params)))
 
     def _reduce(self, grads: Any, divisor: int | None) -> list[jax.Array]:
         """Local gradients -> per bucket this rank's summed shard (divided by ``divisor``, if given)."""
@@ -116,7 +122,7 @@ class FsdpStep(StepBase):
         g_leaves, shards = self.treedef.flatten_up_to(grads), []
         for bk in self.packed_buckets:
             s = pack_bucket(bk, g_leaves, n, layout)
-            s = jax.lax.psum_scatter(s, axis, scatter_dimension=0, tiled=True) if n > 1 else s
+            s = reduce_scatter_rows(s, axis, n, self.reduce_scatter) if n > 1 else s
             s = jax.lax.psum(s, dp) if dp else s
             shards.append(s / divisor if divisor else s)
         return shards
@@ -135,7 +141,7 @@ class FsdpStep(StepBase):
         sq = global_norm(shards)
         norm = jnp.sqrt(jax.lax.psum(sq, axis) if n > 1 else sq)
         clipped = clip_leaves(shards, norm, self.max_norm)
-        slices = self._local_slices(self.treedef.flatten_up_to(params))
+        slices = self.local_slices(self.treedef.flatten_up_to(params))
         updates, opt_state = self.optimizer.update(clipped, opt_state, slices)
         new = optax.apply_updates(slices, updates)
         leaves: list = [None] * len(self.spec.params)
@@ -152,7 +158,7 @@ class FsdpStep(StepBase):
 def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
                    mesh: Mesh, *, axis: str = "fsdp", communication_size: int = 32 * MiB, layout: str = "row",
                    max_norm: float | None = None, dp_axis: str | None = None, return_grad_shards: bool = False,
-                   num_microbatches: int = 1, defer_sync: bool = True) -> FsdpStep:
+                   num_microbatches: int = 1, defer_sync: bool = True, reduce_scatter: str = "psum_scatter") -> FsdpStep:
     """Build an FSDP step that realises ``plan_shards(plan_buckets(spec, communication_size), N, layout)``.
 
     Args:
@@ -175,15 +181,19 @@ def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimi
         defer_sync: With G > 1: accumulate full local gradients and reduce-scatter once
             per bucket (True; an unsharded accumulator), or reduce-scatter every
             micro-batch and accumulate this rank's 1/N shards (False; G per bucket).
+        reduce_scatter: ``"psum_scatter"`` (XLA's reduce-scatter; the default) or ``"all_to_all"``
+            (each row to its rank, then a local sum: the faster one on CPU over gloo, see
+            :func:`~workbench.adapters.jax.step_base.reduce_scatter_rows`). Counted as a reduce-scatter
+            either way.
 
     Raises:
-        ValueError: for an unknown axis or layout, an invalid ``num_microbatches`` or
+        ValueError: for an unknown axis, layout or reduce_scatter, an invalid ``num_microbatches`` or
             ``defer_sync``, or (``row``) an array whose size N does not divide, naming its
             path and shape (from the planner).
     """
     return FsdpStep(loss_fn, params, optimizer, mesh, axis=axis, communication_size=communication_size, layout=layout,
                     max_norm=max_norm, dp_axis=dp_axis, return_grad_shards=return_grad_shards,
-                    num_microbatches=num_microbatches, defer_sync=defer_sync)
+                    num_microbatches=num_microbatches, defer_sync=defer_sync, reduce_scatter=reduce_scatter)
 
 
 class DdpStep(StepBase):

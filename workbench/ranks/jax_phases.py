@@ -1,0 +1,124 @@
+"""The JAX FSDP and DDP steps cut into separately compiled parts, to see where the time goes.
+
+One jitted program runs the whole step, so nothing inside it can be timed. Here each part is its own
+program over the same mesh, built from the step's own pieces (its bucket packing, its optimizer,
+its collectives), and each is timed alone behind a barrier: slower than the real step (every part
+writes its result out, and nothing overlaps), but it says which part costs what. Parts, in order:
+
+* FSDP: ``gradient`` (forward and backward), ``pack`` (the buckets' buffers from the gradients),
+  ``reduce_scatter``, ``update`` (this rank's slice of the parameters, cut from the packed
+  parameters, and the optimizer on it), ``all_gather``, ``unpack`` (the arrays from the gathered
+  buffers);
+* DDP: ``gradient``, ``all_reduce``, ``update`` (the full optimizer).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import optax
+from jax.sharding import PartitionSpec as P
+
+from workbench.adapters.jax.fsdp import DdpStep, FsdpStep
+from workbench.adapters.jax.step_base import (
+    pack_bucket,
+    reduce_scatter_rows,
+    smap,
+    state_specs,
+    unpack_bucket,
+    vary,
+)
+
+FSDP_PARTS = ("gradient", "pack", "reduce_scatter", "update", "all_gather", "unpack")
+DDP_PARTS = ("gradient", "all_reduce", "update")
+
+
+def _per_device(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda a: a[None], tree)
+
+
+def _local(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda a: a[0], tree)
+
+
+def fsdp_parts(step: FsdpStep, mesh) -> dict[str, Callable]:
+    """The parts of ``step`` (built with ``axis="fsdp"``, no replica axis), each ``(inputs) -> outputs``."""
+    n, layout, buckets, axis = step.num_shards, step.layout, step.packed_buckets, step.axis
+    dev = P(axis)
+    specs = state_specs(step.optimizer, [jax.ShapeDtypeStruct((bk.chunk_elems,), bk.dtype) for bk in buckets], axis)
+
+    def gradient(params, batch):
+        return _per_device(jax.grad(step.loss_fn)(vary(params, (axis,)), batch))
+
+    def pack(grads):
+        leaves = step.treedef.flatten_up_to(_local(grads))
+        return [pack_bucket(bk, leaves, n, layout)[None] for bk in buckets]
+
+    def reduce_scatter(packed):
+        return [reduce_scatter_rows(b[0], axis, n, step.reduce_scatter) / n for b in packed]
+
+    def update(shards, opt_state, params):
+        slices = step.local_slices(step.treedef.flatten_up_to(params))
+        updates, opt_state = step.optimizer.update(shards, opt_state, slices)
+        return optax.apply_updates(slices, updates), opt_state
+
+    def all_gather(new):
+        return [jax.lax.all_gather(s, axis, tiled=True, to="invarying") for s in new]
+
+    def unpack(full):
+        leaves: list = [None] * len(step.spec.params)
+        for bk, buf in zip(buckets, full):
+            for i, a in zip(bk.index, unpack_bucket(bk, buf, n, layout)):
+                leaves[i] = a
+        return step.treedef.unflatten(leaves)
+
+    return {"gradient": smap(gradient, mesh, (P(), dev), dev, True),
+            "pack": smap(pack, mesh, (dev,), dev, True),
+            "reduce_scatter": smap(reduce_scatter, mesh, (dev,), dev, True),
+            "update": smap(update, mesh, (dev, specs, P()), (dev, specs), True),
+            "all_gather": smap(all_gather, mesh, (dev,), P(), True),
+            "unpack": smap(unpack, mesh, (P(),), P(), True)}
+
+
+def ddp_parts(step: DdpStep, mesh) -> dict[str, Callable]:
+    """The parts of the DDP ``step`` (``axis="fsdp"``)."""
+    axis = step.axes[0]
+    dev = P(axis)
+
+    def gradient(params, batch):
+        return _per_device(jax.grad(step.loss_fn)(vary(params, (axis,)), batch))
+
+    def all_reduce(grads):
+        return jax.lax.pmean(_local(grads), axis)
+
+    def update(grads, opt_state, params):
+        updates, opt_state = step.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return {"gradient": smap(gradient, mesh, (P(), dev), dev, True),
+            "all_reduce": smap(all_reduce, mesh, (dev,), P(), True),
+            "update": jax.jit(update)}
+
+
+def time_parts(parts: dict[str, Callable], params, opt_state, batch, barrier: Callable[[str], None]) -> dict[str, float]:
+    """Run the parts once, in order, each behind ``barrier``; seconds per part (state is not kept)."""
+    times, value = {}, None
+
+    def timed(name, *args):
+        barrier(name)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(parts[name](*args))
+        times[name] = time.perf_counter() - t0
+        return out
+
+    value = timed("gradient", params, batch)
+    if "pack" in parts:
+        value = timed("pack", value)
+        value = timed("reduce_scatter", value)
+        new, _ = timed("update", value, opt_state, params)
+        timed("unpack", timed("all_gather", new))
+    else:
+        timed("update", timed("all_reduce", value), opt_state, params)
+    return times
