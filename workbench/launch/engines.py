@@ -200,7 +200,9 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
                 if isinstance(getattr(sub, "pid", None), int) and sub.pid > 0 and engine_launcher_class == "local":
                     run.reaper.watch(sub.pid)
         run.client = cluster.connect_client_sync()
-        run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s)
+        # interactive=False: in a notebook ipyparallel would otherwise draw its own unlabelled "2/2 engines"
+        # progress bar under each run (issue 18); the run's own progress says what is happening.
+        run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s, interactive=False)
         deadline = t0 + timeout_s
         asks = {eid: run.client[eid].apply_async(_rank_host_pid) for eid in run.client.ids}
         for eid, ask in asks.items():  # bounded: an engine that registers but never answers fails the start
