@@ -59,7 +59,8 @@ def ratio_table(framework: str, runs: list[list[dict]], args) -> dict[str, list[
     med = {name: [steady(ranks, "times_s", name) for ranks in runs] for name in names}
     ratio = {name: [t / d for t, d in zip(med[name], med["ddp"])] for name in names} if "ddp" in med else {}
     transport = (f"reduce-scatter 'auto' = {r0['reduce_scatter_transport']!r}" if framework == "mlx"
-                 else f"psum_scatter over {r0['backend']}, jitted (jax {r0['jax_version']})")
+                 else f"reduce-scatter 'auto' = all-to-all over {r0['backend']} ('-rs': XLA's psum_scatter), "
+                      f"jitted (jax {r0['jax_version']})")
     print(f"\n{framework.upper()} {'ring backend' if framework == 'mlx' else 'on CPU processes'}, {args.ranks} ranks, "
           f"{r0['num_params'] / 1e6:.1f}M parameters (fp32, AdamW), communication_size "
           f"{args.communication_size / 2**20:g} MiB, {transport}, {args.steps} interleaved steps (first "

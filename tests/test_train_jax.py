@@ -57,7 +57,8 @@ def test_strategies_reproduce_ddp_loss_curve(jax_runs):
 def test_rank_summaries_name_the_collective_path(jax_runs):
     root, outcomes = jax_runs
     runs = load_runs(root).runs.set_index("run_id")
-    expected = {"ddp": "psum", "fsdp-row": "psum_scatter", "fsdp-flat": "psum_scatter", "fsdp-full": "psum_scatter"}
+    # FSDP's reduce-scatter on CPU is the all-to-all one (make_fsdp_step's "auto"); ZeRO-3 keeps psum_scatter.
+    expected = {"ddp": "psum", "fsdp-row": "all_to_all", "fsdp-flat": "all_to_all", "fsdp-full": "psum_scatter"}
     for strategy, outcome in outcomes.items():
         ranks = runs.loc[outcome.run_id, "summary.ranks"]
         assert [r["rank"] for r in ranks] == list(range(RANKS))
@@ -82,6 +83,7 @@ def test_the_collective_path_is_read_from_the_lowered_program():
     from workbench.ranks.train_jax import observed_collective_path
 
     assert observed_collective_path('%1 = "stablehlo.reduce_scatter"(%0)', 2) == "psum_scatter"
+    assert observed_collective_path('%1 = "stablehlo.all_to_all"(%0)', 2) == "all_to_all"
     assert observed_collective_path('%1 = "stablehlo.all_reduce"(%0)', 2) == "psum"
     assert observed_collective_path('%1 = "stablehlo.all_reduce"(%0)', 1) == "none"
     assert observed_collective_path("%1 = stablehlo.add %0, %0", 2) == "none"

@@ -32,10 +32,10 @@ from workbench.ranks.jax_fsdp_check import (
     parse_args,
 )
 
-#: Strategy -> (FSDP layout, reduce-scatter transport) (``None``: DDP). The default strategies
-#: use the step's default transport (``psum_scatter``); ``-a2a`` the all-to-all one.
-STRATEGIES = {"ddp": None, "fsdp-row": ("row", "psum_scatter"), "fsdp-flat": ("flat", "psum_scatter"),
-              "fsdp-row-a2a": ("row", "all_to_all"), "fsdp-flat-a2a": ("flat", "all_to_all")}
+#: Strategy -> (FSDP layout, reduce-scatter transport) (``None``: DDP). The default strategies use the
+#: step's ``"auto"`` transport (all-to-all on CPU); ``-rs`` XLA's ``psum_scatter``, for comparison.
+STRATEGIES = {"ddp": None, "fsdp-row": ("row", "auto"), "fsdp-flat": ("flat", "auto"),
+              "fsdp-row-rs": ("row", "psum_scatter"), "fsdp-flat-rs": ("flat", "psum_scatter")}
 DEFAULT_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat")
 
 

@@ -144,9 +144,12 @@ def _memory_stats(compiled) -> dict | None:
 
 
 def observed_collective_path(program_text: str, num_ranks: int) -> str:
-    """The gradient collective a lowered step really contains: "psum_scatter", "psum" or "none"."""
+    """The gradient collective a lowered step really contains: "all_to_all" (the FSDP step's reduce-scatter
+    on CPU), "psum_scatter", "psum" or "none"."""
     if num_ranks == 1:
         return "none"
+    if "all_to_all" in program_text:
+        return "all_to_all"
     if "reduce_scatter" in program_text:
         return "psum_scatter"
     return "psum" if "all_reduce" in program_text else "none"
@@ -165,7 +168,7 @@ def train_jax(spec, handle) -> dict:
     excludes compilation, done up front), ``peak_rss_bytes`` the process's peak RSS.
 
     Returns:
-        ``{"rank", "backend", "collective_path" ("psum_scatter" for FSDP and ZeRO-3,
+        ``{"rank", "backend", "collective_path" ("all_to_all" for FSDP on CPU, "psum_scatter" for ZeRO-3,
         "psum" for DDP, "none" on one rank), "num_collectives", "collectives" (the same
         per step by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``, as the step asks
         for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it

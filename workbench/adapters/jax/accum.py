@@ -101,11 +101,14 @@ def counts(all_reduce: int = 0, reduce_scatter: int = 0, all_gather: int = 0) ->
 
 
 def program_counts(program_text: str) -> dict[str, int]:
-    """Collectives in a lowered step's StableHLO text (``lowered.as_text()``), by kind, as :func:`counts`."""
-    return counts(**{k: program_text.count(f'"stablehlo.{k}"') for k in KINDS})
+    """Collectives in a lowered step's StableHLO text (``lowered.as_text()``), by kind, as :func:`counts`
+    (an all-to-all counts as the reduce-scatter it implements in the FSDP step)."""
+    found = {k: program_text.count(f'"stablehlo.{k}"') for k in KINDS}
+    found["reduce_scatter"] += program_text.count('"stablehlo.all_to_all"')  # the all-to-all reduce-scatter
+    return counts(**found)
 
 
-_COMPILED_OP = re.compile(r"\b(all-reduce|reduce-scatter|all-gather)(?:-start)?\(")
+_COMPILED_OP = re.compile(r"\b(all-reduce|reduce-scatter|all-gather|all-to-all)(?:-start)?\(")
 
 
 def compiled_program_counts(hlo_text: str) -> dict[str, int]:
@@ -117,5 +120,6 @@ def compiled_program_counts(hlo_text: str) -> dict[str, int]:
     """
     found = {k: 0 for k in KINDS}
     for m in _COMPILED_OP.finditer(hlo_text):
-        found[m.group(1).replace("-", "_")] += 1
+        kind = m.group(1).replace("-", "_")
+        found["reduce_scatter" if kind == "all_to_all" else kind] += 1  # the FSDP step's all-to-all reduce-scatter
     return counts(**found)

@@ -58,8 +58,22 @@ def unpack_bucket(bk: PackedBucket, buf: jax.Array, n: int, layout: str) -> list
     return [p.reshape(s) for p, s in zip(parts, bk.shapes)]
 
 
-#: How a bucket is reduce-scattered: XLA's reduce-scatter, or an all-to-all of the N rows and a local sum.
-REDUCE_SCATTERS = ("psum_scatter", "all_to_all")
+#: How a bucket is reduce-scattered: XLA's reduce-scatter, or an all-to-all of the N rows and a local sum;
+#: ``"auto"`` is the all-to-all on CPU devices (gloo, MPI) and XLA's reduce-scatter elsewhere (NCCL).
+REDUCE_SCATTERS = ("auto", "psum_scatter", "all_to_all")
+
+
+def resolve_reduce_scatter(how: str, mesh: Mesh) -> str:
+    """The transport ``how`` names on ``mesh`` (``"auto"`` resolved by the devices' platform).
+
+    Raises:
+        ValueError: an unknown name, naming the choices.
+    """
+    if how not in REDUCE_SCATTERS:
+        raise ValueError(f"reduce_scatter must be one of {', '.join(REDUCE_SCATTERS)}, got {how!r}.")
+    if how != "auto":
+        return how
+    return "all_to_all" if mesh.devices.flat[0].platform == "cpu" else "psum_scatter"
 
 
 def reduce_scatter_rows(buf: jax.Array, axis: str, n: int, how: str = "psum_scatter") -> jax.Array:
