@@ -514,29 +514,41 @@ def open_and_run_all(page, url: str, notebook: str) -> None:
     page.click("li[data-command='runmenu:run-all']")
 
 
-SETTLED = """([sel, before]) => {
+#: What a user sees of an explorer: a hash of each figure's SVG and of each HTML line and table (status,
+#: cost, code, inspector, metrics). Watching the figures alone hung on controls that change only text (the
+#: rank at N = 16 changes the inspector, pad_rows under greedy the code line): 2 runs in 5 waited out 120 s.
+EXPLORER_STATE = """sel => {
+    const hash = s => { let h = 2166136261; for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 16777619);
+                        return (h >>> 0).toString(36) + ':' + s.length; };
     const el = document.querySelector(sel);
-    const figs = Array.from(el.querySelectorAll('.js-plotly-plot'));
-    const now = figs.map(f => f.querySelector('.main-svg') ? f.querySelector('.main-svg').outerHTML.length + ':' +
-                              (f.querySelector('.gtitle') || {textContent: ''}).textContent : '');
-    return JSON.stringify(now) !== before ? JSON.stringify(now) : null;
+    return JSON.stringify([
+        ...Array.from(el.querySelectorAll('.js-plotly-plot')).map(f => { const svg = f.querySelector('.main-svg');
+                                                                      return svg ? hash(svg.outerHTML) : ''; }),
+        ...Array.from(el.querySelectorAll('.widget-html-content')).map(h => hash(h.innerHTML))]);
 }"""
 
 
 def explorer_state(page, sel: str) -> str:
-    return page.evaluate(f"""() => JSON.stringify(Array.from(document.querySelector({json.dumps(sel)})
-        .querySelectorAll('.js-plotly-plot')).map(f => f.querySelector('.main-svg') ?
-        f.querySelector('.main-svg').outerHTML.length + ':' + (f.querySelector('.gtitle') || {{textContent: ''}}).textContent : ''))""")
+    return page.evaluate(EXPLORER_STATE, sel)
 
 
-def settle_ms(page, sel: str, before: str, act) -> float:
-    """Milliseconds from the control event until the explorer's figures stop changing (100 ms quiet)."""
+def wait_changed(page, sel: str, before: str, timeout_ms: int = 120_000) -> None:
+    """Until the explorer differs from ``before`` (a bound, not a target: 2 loaded cores took >30 s once)."""
+    page.wait_for_function(f"([sel, before]) => ({EXPLORER_STATE})(sel) !== before", arg=[sel, before], timeout=timeout_ms)
+
+
+def settle_ms(page, sel: str, before: str, act, name: str = "") -> float:
+    """Milliseconds from the control event until the explorer's figures and text stop changing (100 ms quiet)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     t0 = time.perf_counter()
     act()
-    page.wait_for_function(f"() => JSON.stringify(Array.from(document.querySelector({json.dumps(sel)})"
-                           ".querySelectorAll('.js-plotly-plot')).map(f => f.querySelector('.main-svg') ? "
-                           "f.querySelector('.main-svg').outerHTML.length + ':' + (f.querySelector('.gtitle') || "
-                           f"{{textContent: ''}}).textContent : '')) !== {json.dumps(before)}", timeout=120_000)  # a bound, not a target: 2 loaded cores took >30 s once
+    try:
+        wait_changed(page, sel, before)
+    except PlaywrightTimeout:
+        UX.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(UX / "explorer-no-redraw.png"))
+        raise AssertionError(f"{name}: the explorer did not change within 120 s of the control event") from None
     last, quiet_since = explorer_state(page, sel), time.perf_counter()
     while time.perf_counter() - quiet_since < 0.1:
         page.wait_for_timeout(20)
@@ -634,7 +646,7 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
         ("layout: model", select(layout_sel, "model", "mixtral-8x7b")),
     ]
     for name, act in steps:
-        timings[name] = settle_ms(page, layout_sel, layout_before, act)
+        timings[name] = settle_ms(page, layout_sel, layout_before, act, name)
         layout_before = explorer_state(page, layout_sel)
     memory_before = explorer_state(page, memory_sel)
     for name, act in [("memory: master_dtype", select(memory_sel, "master_dtype", "none")),
@@ -642,7 +654,7 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
                       ("memory: param_dtype", select(memory_sel, "param_dtype", "float32")),
                       ("memory: seq_len", slider_key(memory_sel, "seq_len", "ArrowRight")),
                       ("memory: num_shards", slider_key(memory_sel, "num_shards (N)", "ArrowLeft"))]:
-        timings[name] = settle_ms(page, memory_sel, memory_before, act)
+        timings[name] = settle_ms(page, memory_sel, memory_before, act, name)
         memory_before = explorer_state(page, memory_sel)
     print("round trip, control event to every figure settled (ms): " + json.dumps({k: round(v) for k, v in timings.items()}))
     (UX / "round-trip-ms.json").write_text(json.dumps(timings, indent=1))
