@@ -17,7 +17,7 @@ from workbench.views.memory import (
     fig_memory_breakdown,
     powers_between,
 )
-from workbench.views.style import TEMPLATE, update_figure_widget
+from workbench.views.style import TEMPLATE, sync_figure_widget
 from workbench.views.widgets import FIGURE_WIDTH
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class MemoryExplorer(widgets.VBox):
                 continuous_update=False, layout=widgets.Layout(width="460px"), **wide),
         }
         self.figure = go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH))
-        self.status, self.code, self.estimates, self._keys = widgets.HTML(), widgets.HTML(), [], set()
+        self.status, self.code, self.estimates, self._shown = widgets.HTML(), widgets.HTML(), [], None
         c = self.controls
         self.children = [widgets.HBox([c["model"], c["param_dtype"], c["master_dtype"]]),
                          widgets.HBox([c["optimizer"], c["update_copies"]]),
@@ -98,7 +98,7 @@ class MemoryExplorer(widgets.VBox):
             self.status.value = f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span>"
             return False
         fig.layout.width = FIGURE_WIDTH
-        self._keys, self.estimates = update_figure_widget(self.figure, fig, self._keys), estimates
+        self._shown, self.estimates = sync_figure_widget(self.figure, fig, self._shown), estimates
         self.code.value = f"<code style='user-select:all'>{html.escape(self.code_line())}</code>"
         note = "" if estimates[0]["activations"] else " (activations not counted: a ModelSpec holds shapes only)"
         self.status.value = html.escape(breakdown_summary(estimates) + note)

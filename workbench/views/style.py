@@ -1,7 +1,8 @@
 """The house style of every figure: template, colours, the kind of a parameter, and figure scaffolding.
 
 Figure modules build traces and layouts as dicts and hand them to :func:`figure`; widgets swap a
-new figure into a live one with :func:`update_figure_widget`.
+new figure into a live one with :func:`update_figure_widget`, or send only what changed with
+:func:`sync_figure_widget`.
 """
 
 from __future__ import annotations
@@ -137,19 +138,89 @@ def hline(y: float, xref: str, yref: str, name: str, dash: str = "dot") -> dict:
 
 
 def update_figure_widget(fw: go.FigureWidget, fig: go.Figure, stale_keys: set[str]) -> set[str]:
-    """Replace the traces and layout of ``fw`` by those of ``fig`` in one batch; returns the layout keys set.
+    """Replace the traces and layout of ``fw`` by those of ``fig``; returns the layout keys set.
 
     ``stale_keys`` are the layout keys the previous figure set; those ``fig`` lacks are
     cleared, since a layout update merges. The template is set once, when the widget
     is made (every figure uses :data:`~workbench.views.style.TEMPLATE`).
     """
-    layout = fig.layout.to_plotly_json()
+    layout = _arrays(fig.layout.to_plotly_json())
     layout.pop("template", None)
-    with fw.batch_update():
-        fw.data = []
-        fw.add_traces(fig.data)
-        fw.update_layout({**{key: None for key in stale_keys - set(layout)}, **layout}, overwrite=True)
+    # Each of these is one redraw in the browser: the layout goes to the emptied plot, so only adding
+    # the traces draws them (the other order drew every trace twice).
+    fw.data = []
+    fw.update_layout({**{key: None for key in stale_keys - set(layout)}, **layout}, overwrite=True)
+    fw.add_traces(fig.data)
     return set(layout)
+
+
+def _same(a, b) -> bool:
+    """Equality of figure JSON values that may hold NumPy arrays (whose ``==`` is elementwise)."""
+    import numpy as np
+
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and np.array_equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _arrays(value):
+    """Figure JSON with plotly's typed arrays (``{"dtype", "bdata", "shape"}``, what ``to_plotly_json`` writes
+    for NumPy data) back as arrays: set on a widget as they are, they would stay dicts in its traces."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(value, dict):
+        if "bdata" in value and "dtype" in value:
+            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+            shape = value.get("shape")
+            return array.reshape([int(n) for n in str(shape).split(",")]) if shape else array
+        return {key: _arrays(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_arrays(v) for v in value]
+    return value
+
+
+def _changed(old: dict, new: dict) -> dict:
+    """The top-level keys of ``new`` that differ from ``old``, and ``None`` for those ``new`` dropped."""
+    return {**{key: None for key in old.keys() - new.keys()},
+            **{key: value for key, value in new.items() if key not in old or not _same(old[key], value)}}
+
+
+def widget_json(fig: go.Figure) -> dict:
+    """What :func:`sync_figure_widget` compares: ``fig``'s JSON, arrays as arrays, without the template."""
+    new = _arrays(fig.to_plotly_json())
+    new["layout"].pop("template", None)  # set once, when the widget is made
+    return new
+
+
+def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None) -> dict:
+    """Make ``fw`` show ``fig``, sending only what differs from ``shown`` (what the last call put there).
+
+    The same traces (count and types): the changed top-level properties of each trace and of the
+    layout go in one ``Plotly.update`` (one redraw in the browser, where replacing every trace cost
+    three: delete, add, relayout). An unchanged figure sends nothing. Otherwise, as
+    :func:`update_figure_widget`. Returns what ``fw`` now shows, for the next call.
+    """
+    new = widget_json(fig)
+    if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in new["data"]]:
+        update_figure_widget(fw, fig, set(shown["layout"]) if shown else set())
+        return new
+    edits = [_changed(old, trace) for old, trace in zip(shown["data"], new["data"])]
+    layout = _changed(shown["layout"], new["layout"])
+    if any(edits) or layout:
+        with fw.batch_update():
+            for trace, edit in zip(fw.data, edits):
+                if edit:
+                    trace.update(edit, overwrite=True)
+            if layout:
+                fw.update_layout(layout, overwrite=True)
+    return new
 
 
 def path_span(paths: Sequence[str]) -> str:

@@ -9,7 +9,8 @@ screen comes from a call a test can repeat.
 from __future__ import annotations
 
 import html
-from typing import Mapping
+from collections import OrderedDict
+from typing import Callable, Mapping
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -22,7 +23,7 @@ from workbench.estimate.comm import AlphaBeta, estimate_comm
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
-from workbench.views.style import TEMPLATE, update_figure_widget
+from workbench.views.style import TEMPLATE, sync_figure_widget
 from workbench.views.tables import layout_metrics_html
 
 #: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
@@ -38,6 +39,8 @@ FIGURE_WIDTH = 940
 #: round, typical figures, not measurements: fit your own with :func:`workbench.estimate.comm.fit_alpha_beta`.
 LINKS = {"NVLink (5 µs, 100 GB/s)": AlphaBeta(5e-6, 100e9), "InfiniBand 200 Gb/s (10 µs, 20 GB/s)": AlphaBeta(10e-6, 20e9),
          "Ethernet 10 Gb/s (50 µs, 1.1 GB/s)": AlphaBeta(50e-6, 1.1e9)}
+#: Plans and figures an explorer keeps (least recently used dropped): going back to a setting costs nothing.
+MEMO_SIZE = 64
 
 
 def _size_label(num_bytes: int) -> str:
@@ -124,7 +127,8 @@ class LayoutExplorer(widgets.VBox):
         self.status, self.cost, self.inspector, self.code, self.metrics = (widgets.HTML() for _ in range(5))
         self.bucket_plan: BucketPlan | None = None
         self.shard_plans: dict[str, ShardPlan] = {}
-        self._layout_keys: dict[str, set[str]] = {name: set() for name in FIGURES}
+        self._shown: dict[str, dict | None] = {name: None for name in FIGURES}  # what each FigureWidget holds
+        self._memo: OrderedDict[tuple, object] = OrderedDict()
         self._syncing = False
         self._wanted = dict(bucket=bucket, rank=rank)
         c = self.controls
@@ -153,7 +157,18 @@ class LayoutExplorer(widgets.VBox):
         if not self._syncing:
             self.update()
 
-    def _plan_layouts(self, bucket_plan: BucketPlan, values: Mapping) -> tuple[dict[str, ShardPlan], list[str]]:
+    def _memoised(self, key: tuple, make: Callable[[], object]):
+        """``make()``, kept under ``key`` (plans and figures are pure functions of the controls that key them)."""
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return self._memo[key]
+        value = self._memo[key] = make()  # a ValueError propagates, and nothing is kept
+        if len(self._memo) > MEMO_SIZE:
+            self._memo.popitem(last=False)
+        return value
+
+    def _plan_layouts(self, bucket_plan: BucketPlan, values: Mapping,
+                      bucket_key: tuple) -> tuple[dict[str, ShardPlan], list[str]]:
         """The chosen layout (its ValueError propagates), then the others that plan, with why any did not."""
         chosen = values["layout"]
         compared = "row" if chosen == "flat" else "flat"
@@ -161,7 +176,9 @@ class LayoutExplorer(widgets.VBox):
         for name in [chosen, compared, *(name for name in LAYOUTS if name not in (chosen, compared))]:
             pad = dict(pad_rows=values["pad_rows"]) if name == "row" else {}
             try:
-                plans[name] = plan_shards(bucket_plan, values["num_shards"], name, **pad)
+                plans[name] = self._memoised(
+                    ("shards", *bucket_key, values["num_shards"], name, *pad.values()),
+                    lambda name=name, pad=pad: plan_shards(bucket_plan, values["num_shards"], name, **pad))
             except ValueError as err:
                 if name == chosen:
                     raise
@@ -191,19 +208,27 @@ class LayoutExplorer(widgets.VBox):
             values.update(self._wanted)
         try:
             spec = self._spec(values["model"])
-            bucket_plan = plan_buckets(spec, values["communication_size"], policy=values["policy"])
-            plans, notes = self._plan_layouts(bucket_plan, values)
+            # A given spec is keyed by identity: it is one object for the explorer's life (a dropdown option).
+            model_key = values["model"] if isinstance(values["model"], str) else ("given", id(values["model"]))
+            bucket_key = (model_key, values["communication_size"], values["policy"])
+            bucket_plan = self._memoised(("buckets", *bucket_key), lambda: plan_buckets(
+                spec, values["communication_size"], policy=values["policy"]))
+            plans, notes = self._plan_layouts(bucket_plan, values, bucket_key)
             bucket = min(values["bucket"], bucket_plan.num_buckets - 1)
             rank = min(values["rank"], values["num_shards"] - 1)
             compared = dict(list(plans.items())[:2])
             chosen = plans[values["layout"]]
+            plans_key = (*bucket_key, values["num_shards"], values["pad_rows"], *plans)  # the layouts, in order
             new = {
-                "bucket_layout": fig_bucket_layout(bucket_plan),
-                "shard_map": fig_shard_map(compared, bucket, rank=rank),
-                "rank_load": fig_rank_load(plans),
+                "bucket_layout": self._memoised(("fig_bucket_layout", *bucket_key), lambda: fig_bucket_layout(bucket_plan)),
+                "shard_map": self._memoised(("fig_shard_map", *plans_key, bucket, rank),
+                                            lambda: fig_shard_map(compared, bucket, rank=rank)),
+                "rank_load": self._memoised(("fig_rank_load", *plans_key), lambda: fig_rank_load(plans)),
             }
-            comm = estimate_comm(chosen, "zero1" if chosen.layout == "greedy" else "fsdp")
-            inspector, metrics = rank_inspector_html(chosen, rank), layout_metrics_html(plans)
+            comm = self._memoised(("comm", *plans_key), lambda: estimate_comm(
+                chosen, "zero1" if chosen.layout == "greedy" else "fsdp"))
+            inspector = self._memoised(("inspector", *plans_key, rank), lambda: rank_inspector_html(chosen, rank))
+            metrics = self._memoised(("metrics", *plans_key), lambda: layout_metrics_html(plans))
         except ValueError as err:
             self.status.value = (f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span> "
                                  "<i>(figures show the last valid settings)</i>")
@@ -211,7 +236,7 @@ class LayoutExplorer(widgets.VBox):
         self._wanted = {}
         for name, fig in new.items():
             fig.layout.width = min(FIGURE_WIDTH, fig.layout.width or FIGURE_WIDTH)
-            self._layout_keys[name] = update_figure_widget(self.figures[name], fig, self._layout_keys[name])
+            self._shown[name] = sync_figure_widget(self.figures[name], fig, self._shown[name])
         self.bucket_plan, self.shard_plans = bucket_plan, plans
         self._syncing = True
         try:
