@@ -5,10 +5,12 @@ The deck (``notebooks/00_design_review.ipynb``) must build from a clean clone wi
 ``runs/``), so it reads these: real training runs through :func:`workbench.launch.driver.run_training`
 on ipyparallel engines, two ranks each, identical weights and batches, as
 :data:`workbench.studies.design_review.REFERENCE_STORES` lists them (``convergence``: DDP, FSDP-row and FSDP-flat
-in MLX ring and JAX gloo, ZeRO-3 in JAX, 100 steps; ``memory``: notebook 03's validation runs).
+in MLX ring and JAX gloo, ZeRO-3 in JAX, 100 steps; ``memory``: notebook 03's validation runs), and
+:data:`~workbench.studies.design_review.REFERENCE_SWEEP` (``comm-size``: the machine's collective
+benchmark and a ``communication_size`` sweep, for the bucket-size advice slide).
 Each record holds the memory its ranks measured. Regenerate them after a change to the training step:
 
-    python3 scripts/make_reference_runs.py            # about 5 minutes on 2 cores
+    python3 scripts/make_reference_runs.py            # about 8 minutes on 2 cores (run it on a quiet machine)
     python3 -m workbench refresh notebooks/00_design_review.ipynb
 
 The stores are kept small (about 300 KB together), JSON only.
@@ -25,19 +27,50 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from workbench.launch.benchmark import run_collective_benchmark
 from workbench.launch.driver import run_training
 from workbench.runs.spec import RunSpec
-from workbench.studies.design_review import REFERENCE_STORES, reference_runs_dir
+from workbench.studies.design_review import (
+    REFERENCE_STORES,
+    REFERENCE_SWEEP,
+    reference_runs_dir,
+)
+
+
+def sweep_specs() -> list[RunSpec]:
+    """The runs of :data:`REFERENCE_SWEEP`, one per size."""
+    return [RunSpec(communication_size=size, **REFERENCE_SWEEP["spec"]) for size in REFERENCE_SWEEP["sizes"]]
+
+
+def make_sweep(keep: bool) -> list[str]:
+    """The collective benchmark, then the sweep; returns what failed."""
+    collectives, sweep = reference_runs_dir("collectives"), reference_runs_dir("comm-size")
+    for out in (collectives, sweep):
+        if out.exists() and not keep:
+            shutil.rmtree(out)
+    spec = REFERENCE_SWEEP["spec"]
+    run_collective_benchmark(collectives, spec["framework"], spec["num_ranks"],
+                             sizes_bytes=REFERENCE_SWEEP["collective_sizes"])
+    failed = []
+    for run in sweep_specs():
+        outcome = run_training(run, sweep)
+        print(f"comm-size: {run.communication_size} B: {outcome.status}" + (f" ({outcome.error})" if outcome.error else ""),
+              flush=True)
+        if outcome.status not in ("done", "skipped"):
+            failed.append(f"comm-size: {run.communication_size} B")
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stores", nargs="*", default=list(REFERENCE_STORES), choices=list(REFERENCE_STORES),
-                        help="store names (default: all)")
+    parser.add_argument("stores", nargs="*", default=[*REFERENCE_STORES, "comm-size"],
+                        choices=[*REFERENCE_STORES, "comm-size"], help="store names (default: all)")
     parser.add_argument("--keep", action="store_true", help="keep runs already stored (default: start afresh)")
     args = parser.parse_args(argv)
     failed = []
-    for name in args.stores:
+    if "comm-size" in args.stores:
+        failed += make_sweep(args.keep)
+    for name in (s for s in args.stores if s in REFERENCE_STORES):
         pairs, common = REFERENCE_STORES[name]
         out = reference_runs_dir(name)
         if out.exists() and not args.keep:

@@ -196,8 +196,36 @@ def test_reference_runs_are_small_complete_and_made_with_the_declared_spec(name)
         else:
             assert (loaded.runs[f"spec.{key}"] == value).all(), key
     assert (loaded.steps.groupby("run_id").step.nunique() == common["steps"]).all()
-    with pytest.raises(ValueError, match="Unknown reference run store 'runs'; known: convergence, memory"):
+    with pytest.raises(ValueError, match="Unknown reference run store 'runs'; known: convergence, memory, comm-size"):
         design_review.reference_runs_dir("runs")
+
+
+def test_reference_sweep_is_complete_small_and_the_advice_is_the_advisors_own(validation):
+    from workbench.estimate.advisor import recommend_communication_size
+    from workbench.estimate.cases import explain_qwen_3_7b
+    from workbench.runs.estimate import run_model_spec
+    from workbench.studies.step_time import fit_links, load_collective_benchmarks
+
+    sweep, spec = design_review.REFERENCE_SWEEP, design_review.REFERENCE_SWEEP["spec"]
+    loaded = load_runs(design_review.reference_runs_dir("comm-size"))
+    assert loaded.problems == [] and (loaded.runs.status == "done").all()
+    assert sorted(loaded.runs["spec.communication_size"]) == sorted(sweep["sizes"])
+    assert (loaded.steps.groupby("run_id").step.nunique() == spec["steps"]).all()
+    for store in design_review.SWEEP_STORES:
+        files = [p for p in design_review.reference_runs_dir(store).rglob("*") if p.is_file()]
+        assert files and sum(p.stat().st_size for p in files) < 300 * 1024
+    collectives = load_collective_benchmarks(design_review.reference_runs_dir("collectives"))
+    assert sorted(collectives.size_bytes.unique()) == sorted(sweep["collective_sizes"])
+    check = design_review.reference_advice()
+    links = fit_links(collectives)
+    own = recommend_communication_size(run_model_spec(dict(model=spec["model"], precision="float32")),
+                                       spec["num_ranks"], links, sizes=list(sweep["sizes"]), layout="row")
+    assert check.advice.communication_size == own.communication_size
+    assert list(check.table["communication size (MiB)"]) == [s / 2**20 for s in sorted(sweep["sizes"])]
+    numbers = design_review.key_numbers(explain_qwen_3_7b(), validation, check)
+    assert numbers["bucket advisor, reference machine: advised communication_size (MiB)"] == own.communication_size / 2**20
+    assert numbers["bucket advisor, reference machine: measured step there over the best size's (%)"] == round(
+        100 * check.gap, 1)
 
 
 def test_reference_runs_fsdp_trains_exactly_like_ddp(reference):

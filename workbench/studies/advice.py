@@ -56,15 +56,22 @@ class AdviceCheck:
         """Whether the advised size ran within :data:`ADVICE_TARGET` of the best measured."""
         return self.gap <= ADVICE_TARGET
 
-    def summary(self) -> dict[str, str]:
-        """The answer in words and rounded figures (what a notebook or slide prints)."""
-        mib = 2**20
-        return {"swept": self.label,
-                "advised communication_size": f"{self.advice.communication_size / mib:g} MiB",
-                "best measured": f"{self.best_measured / mib:g} MiB",
-                "advised against best measured": f"{self.gap * 100:+.1f}%",
-                f"within {ADVICE_TARGET:.0%} of the best measured": "yes" if self.within_target else "no"}
-
+    def summary(self) -> pd.Series:
+        """The answer in words and rounded figures (what a notebook or slide prints). When the predicted
+        sync varies by less across the sizes than the measured steps do, the sizes are a tie within
+        this machine's noise, and the gap says so much and no more."""
+        mib, t = 2**20, self.table
+        sync, step = t["predicted sync (ms)"], t["measured step (ms)"]
+        spread = sync.max() - sync.min()
+        return pd.Series({
+            "swept": self.label,
+            "predicted sync, largest - smallest over the sizes": f"{spread:.1f} ms ({spread / step.median():.1%} of a step)",
+            "measured step, slowest / fastest size": f"{step.max() / step.min():.2f}",
+            "advised communication_size": f"{self.advice.communication_size / mib:g} MiB",
+            "best measured": f"{self.best_measured / mib:g} MiB",
+            "advised against best measured": f"{self.gap * 100:+.1f}%",
+            f"within {ADVICE_TARGET:.0%} of the best measured": "yes" if self.within_target else "no",
+        }, name="bucket-size advice")
 
 def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, framework: str = "mlx",
                          strategy: str = "fsdp-row", precision: str = "float32", tolerance: float = 0.01) -> AdviceCheck:

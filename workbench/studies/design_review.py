@@ -9,7 +9,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.core import paths
+from workbench.core.units import KiB, MiB
 from workbench.runs.spec import VALIDATION_MODEL
+from workbench.runs.tables import load_runs
+from workbench.studies.advice import AdviceCheck, advice_against_sweep
+from workbench.studies.step_time import fit_links, load_collective_benchmarks
 from workbench.views.style import TEMPLATE
 
 #: MLX PR #3130 "FSDP (easy)", step time in ms on 8 GPUs: (params, communication_size in MiB,
@@ -44,15 +48,38 @@ REFERENCE_STORES = {
 }
 
 
+#: The bucket-size sweep the deck's advice slide reads (``scripts/make_reference_runs.py comm-size``):
+#: the collective benchmark of the machine (``collectives``, MLX ring, 2 ranks) and FSDP-row runs of
+#: notebook 03's 3.4M-parameter LM at each size (``comm-size``), so the advisor is asked about a
+#: measured sweep on the links of the same machine.
+REFERENCE_SWEEP = dict(
+    sizes=(64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB),
+    collective_sizes=tuple(2**k for k in range(12, 27, 2)),  # 4 KiB to 64 MiB
+    spec=dict(framework="mlx", strategy="fsdp-row", num_ranks=2, steps=10, global_batch=8, model=VALIDATION_MODEL,
+              optimizer="adamw"),
+)
+
+#: Stores of :data:`REFERENCE_SWEEP`.
+SWEEP_STORES = ("comm-size", "collectives")
+
+
 def reference_runs_dir(name: str = "convergence") -> Path:
-    """A committed run store the deck reads: ``notebooks/reference_runs/<name>`` (see :data:`REFERENCE_STORES`).
+    """A committed run store the deck reads: ``notebooks/reference_runs/<name>`` (see :data:`REFERENCE_STORES`
+    and :data:`REFERENCE_SWEEP`).
 
     Raises:
         ValueError: on an unknown store name.
     """
-    if name not in REFERENCE_STORES:
-        raise ValueError(f"Unknown reference run store {name!r}; known: {', '.join(REFERENCE_STORES)}.")
+    if name not in REFERENCE_STORES and name not in SWEEP_STORES:
+        raise ValueError(f"Unknown reference run store {name!r}; known: {', '.join([*REFERENCE_STORES, *SWEEP_STORES])}.")
     return paths.NOTEBOOK_DIR / "reference_runs" / name
+
+
+def reference_advice() -> AdviceCheck:
+    """The bucket-size advisor on the reference machine's fitted links, against its measured sweep."""
+    links = fit_links(load_collective_benchmarks(reference_runs_dir("collectives")))
+    return advice_against_sweep(load_runs(reference_runs_dir("comm-size")), links,
+                                strategy=REFERENCE_SWEEP["spec"]["strategy"])
 
 
 def step_time_table() -> pd.DataFrame:
@@ -91,12 +118,13 @@ def fig_step_time_table(table: pd.DataFrame | None = None, *, height: int = 420)
     return fig
 
 
-def key_numbers(gap, validation: pd.DataFrame) -> pd.Series:
+def key_numbers(gap, validation: pd.DataFrame, advice: AdviceCheck | None = None) -> pd.Series:
     """The numbers the recommendation cites, each computed here.
 
     Args:
         gap: :func:`workbench.estimate.cases.explain_qwen_3_7b` (MLX PR #3130's measured peaks).
         validation: :func:`workbench.studies.memory.memory_validation` of the reference runs.
+        advice: :func:`reference_advice`, if the bucket-size advice is to be cited.
 
     Raises:
         ValueError: if ``validation`` lacks the MLX DDP and FSDP runs it compares.
@@ -118,4 +146,7 @@ def key_numbers(gap, validation: pd.DataFrame) -> pd.Series:
             100 * float(error[mlx.component == "peak"].max()), 1),
         "reference runs, MLX: worst |measured / modelled - 1|, parameters and state (%)": round(
             100 * float(error[mlx.component != "peak"].max()), 1),
-    })
+    } | ({} if advice is None else {
+        "bucket advisor, reference machine: advised communication_size (MiB)": advice.advice.communication_size / MiB,
+        "bucket advisor, reference machine: measured step there over the best size's (%)": round(100 * advice.gap, 1),
+    }))
