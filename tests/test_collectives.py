@@ -148,7 +148,7 @@ def test_the_advisor_is_asked_about_the_sizes_a_sweep_ran_and_set_beside_their_m
     # The predicted step is the sync plus one constant: the median of (measured step - predicted sync).
     offsets = t["predicted step (ms)"] - t["predicted sync (ms)"]
     assert offsets.max() - offsets.min() < 1e-9
-    assert check.summary()["advised communication_size"] == f"{own.communication_size / MiB:g} MiB"
+    assert check.summary().loc["advised communication_size", "answer"] == f"{own.communication_size / MiB:g} MiB"
     assert len(fig_bucket_advice(check).data) == 4
     with pytest.raises(ValueError, match="fsdp-full"):
         advice_against_sweep(loaded, links, strategy="fsdp-full")

@@ -56,14 +56,14 @@ class AdviceCheck:
         """Whether the advised size ran within :data:`ADVICE_TARGET` of the best measured."""
         return self.gap <= ADVICE_TARGET
 
-    def summary(self) -> pd.Series:
+    def summary(self) -> pd.DataFrame:
         """The answer in words and rounded figures (what a notebook or slide prints). When the predicted
         sync varies by less across the sizes than the measured steps do, the sizes are a tie within
         this machine's noise, and the gap says so much and no more."""
         mib, t = 2**20, self.table
         sync, step = t["predicted sync (ms)"], t["measured step (ms)"]
         spread = sync.max() - sync.min()
-        return pd.Series({
+        return pd.DataFrame({"answer": {
             "swept": self.label,
             "predicted sync, largest - smallest over the sizes": f"{spread:.1f} ms ({spread / step.median():.1%} of a step)",
             "measured step, slowest / fastest size": f"{step.max() / step.min():.2f}",
@@ -71,7 +71,7 @@ class AdviceCheck:
             "best measured": f"{self.best_measured / mib:g} MiB",
             "advised against best measured": f"{self.gap * 100:+.1f}%",
             f"within {ADVICE_TARGET:.0%} of the best measured": "yes" if self.within_target else "no",
-        }, name="bucket-size advice")
+        }}).rename_axis("bucket-size advice")
 
 def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, framework: str = "mlx",
                          strategy: str = "fsdp-row", precision: str = "float32", tolerance: float = 0.01) -> AdviceCheck:
@@ -123,8 +123,13 @@ def fig_bucket_advice(check: AdviceCheck, *, height: int = 440) -> go.Figure:
     """Predicted and measured step time against ``communication_size``; the advised and best sizes marked."""
     t = check.table
     x = t["communication size (MiB)"].tolist()
-    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, title=f"Bucket-size advice: {check.label}",
-                                xaxis=dict(type="log", title="communication_size (MiB, log scale)"),
+    step = t["measured step (ms)"]
+    # The y axis is zoomed to the data: the subtitle says by how much the sizes differ at all.
+    title = (f"Bucket-size advice: {check.label}<br><sup>y axis zoomed: the slowest size ran "
+             f"{step.max() / step.min():.2f}x the fastest</sup>")
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, title=title,
+                                xaxis=dict(type="log", title="communication_size (MiB, log scale)", tickvals=x,
+                                           ticktext=[f"{v:g}" for v in x]),
                                 yaxis=dict(title="time per step (ms)"), legend=dict(orientation="h", y=-0.22)))
     fig.add_trace(go.Scatter(x=x, y=t["measured step (ms)"].tolist(), mode="lines+markers", name="measured step",
                              line=dict(color="#4C78A8")))
