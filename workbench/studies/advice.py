@@ -71,7 +71,7 @@ class AdviceCheck:
             "best measured": f"{self.best_measured / mib:g} MiB",
             "advised against best measured": f"{self.gap * 100:+.1f}%",
             f"within {ADVICE_TARGET:.0%} of the best measured": "yes" if self.within_target else "no",
-        }}).rename_axis("bucket-size advice")
+        }})
 
 def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, framework: str = "mlx",
                          strategy: str = "fsdp-row", precision: str = "float32", tolerance: float = 0.01) -> AdviceCheck:
