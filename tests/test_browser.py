@@ -141,6 +141,10 @@ def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
                 .filter(t => t.getBoundingClientRect().right > box.right + 1 || t.scrollWidth > t.clientWidth + 1)
                 .map(t => t.innerText.slice(0, 60)); }""")
         assert cut == [], (k, cut)  # every HTML table fits its slide (issue 18: slide 14's was cut)
+        below = page.evaluate("""() => Array.from(Reveal.getCurrentSlide().querySelectorAll('table, .plotly-graph-div'))
+            .filter(e => e.getBoundingClientRect().bottom > window.innerHeight + 1)
+            .map(e => (e.innerText || e.className).slice(0, 60))""")
+        assert below == [], (k, below)  # nor runs past its bottom edge (the advice table did, under its figure)
         if k in shots:
             page.screenshot(path=str(ARTIFACTS / f"deck-slide-{k:02d}.png"))
         if num_figures:  # every figure slide, to be looked at (issue 18)
