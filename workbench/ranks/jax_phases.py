@@ -31,9 +31,6 @@ from workbench.adapters.jax.step_base import (
     vary,
 )
 
-FSDP_PARTS = ("gradient", "pack", "reduce_scatter", "update", "all_gather", "unpack")
-DDP_PARTS = ("gradient", "all_reduce", "update")
-
 
 def _per_device(tree: Any) -> Any:
     return jax.tree_util.tree_map(lambda a: a[None], tree)
@@ -43,14 +40,20 @@ def _local(tree: Any) -> Any:
     return jax.tree_util.tree_map(lambda a: a[0], tree)
 
 
+def _gradient(step: FsdpStep | DdpStep, axis: str, mesh) -> Callable:
+    """Forward and backward on this device's rows: ``(params, batch) -> (N, ...)`` local gradients."""
+
+    def gradient(params, batch):
+        return _per_device(jax.grad(step.loss_fn)(vary(params, (axis,)), batch))
+
+    return smap(gradient, mesh, (P(), P(axis)), P(axis), True)
+
+
 def fsdp_parts(step: FsdpStep, mesh) -> dict[str, Callable]:
     """The parts of ``step`` (built with ``axis="fsdp"``, no replica axis), each ``(inputs) -> outputs``."""
     n, layout, buckets, axis = step.num_shards, step.layout, step.packed_buckets, step.axis
     dev = P(axis)
     specs = state_specs(step.optimizer, [jax.ShapeDtypeStruct((bk.chunk_elems,), bk.dtype) for bk in buckets], axis)
-
-    def gradient(params, batch):
-        return _per_device(jax.grad(step.loss_fn)(vary(params, (axis,)), batch))
 
     def pack(grads):
         leaves = step.treedef.flatten_up_to(_local(grads))
@@ -74,7 +77,7 @@ def fsdp_parts(step: FsdpStep, mesh) -> dict[str, Callable]:
                 leaves[i] = a
         return step.treedef.unflatten(leaves)
 
-    return {"gradient": smap(gradient, mesh, (P(), dev), dev, True),
+    return {"gradient": _gradient(step, axis, mesh),
             "pack": smap(pack, mesh, (dev,), dev, True),
             "reduce_scatter": smap(reduce_scatter, mesh, (dev,), dev, True),
             "update": smap(update, mesh, (dev, specs, P()), (dev, specs), True),
@@ -87,9 +90,6 @@ def ddp_parts(step: DdpStep, mesh) -> dict[str, Callable]:
     axis = step.axes[0]
     dev = P(axis)
 
-    def gradient(params, batch):
-        return _per_device(jax.grad(step.loss_fn)(vary(params, (axis,)), batch))
-
     def all_reduce(grads):
         return jax.lax.pmean(_local(grads), axis)
 
@@ -97,14 +97,14 @@ def ddp_parts(step: DdpStep, mesh) -> dict[str, Callable]:
         updates, opt_state = step.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    return {"gradient": smap(gradient, mesh, (P(), dev), dev, True),
+    return {"gradient": _gradient(step, axis, mesh),
             "all_reduce": smap(all_reduce, mesh, (dev,), P(), True),
             "update": jax.jit(update)}
 
 
 def time_parts(parts: dict[str, Callable], params, opt_state, batch, barrier: Callable[[str], None]) -> dict[str, float]:
     """Run the parts once, in order, each behind ``barrier``; seconds per part (state is not kept)."""
-    times, value = {}, None
+    times = {}
 
     def timed(name, *args):
         barrier(name)
