@@ -38,7 +38,8 @@ INSPECT = """gd => {
     });
     const tables = Array.from(gd.querySelectorAll('g.table')).map(t => ({box: r(t), clip: null}));
     const host = gd.closest('section, .jp-OutputArea-output, .widget-vbox, .slides section') || gd.parentElement;
-    return {box: r(gd), container: r(host), texts, cells, tables, traces: (gd.data || []).length,
+    return {box: r(gd), container: r(host), texts, cells, tables,
+            traces: (gd.data || []).filter(t => t.visible !== false).length,  // hidden: a widget's spare trace slots
             drawn: gd.querySelectorAll('.cartesianlayer g.trace, g.table').length,
             modebar: Array.from(gd.querySelectorAll('.modebar-btn')).map(b => b.getAttribute('data-title'))};
 }"""

@@ -107,7 +107,7 @@ def open_deck(browser, html: Path) -> Watched:
 
 DRAWN = """gd => ({
     svg: gd.querySelectorAll('svg.main-svg').length,
-    traces: (gd.data || []).length,
+    traces: (gd.data || []).filter(t => t.visible !== false).length,
     drawn: gd.querySelectorAll('.cartesianlayer g.trace, g.table').length,
     marks: gd.querySelectorAll('g.trace path[d]:not([d=""]), g.table .cell-text').length,
     width: gd.getBoundingClientRect().width,
@@ -538,14 +538,26 @@ def explorer_state(page, sel: str) -> str:
 
 def wait_changed(page, sel: str, before: str, timeout_ms: int = 120_000) -> None:
     """Until the explorer differs from ``before`` (a bound, not a target: 2 loaded cores took >30 s once)."""
-    page.wait_for_function(f"([sel, before]) => ({EXPLORER_STATE})(sel) !== before", arg=[sel, before], timeout=timeout_ms)
+    page.wait_for_function(f"([sel, before]) => ({EXPLORER_STATE})(sel) !== before", arg=[sel, before],
+                           timeout=timeout_ms, polling=50)
+
+
+#: Records, in the page, when anything inside an explorer last changed (a passive MutationObserver: polling
+#: the explorer's hash while plotly draws took the page's main thread from it, and the poll's own cost,
+#: tens of ms for 866 bars, made the timing coarse).
+WATCH_MUTATIONS = """sel => { const el = document.querySelector(sel); if (el.__wbWatched) return; el.__wbWatched = true;
+    window.__wbLast = window.__wbLast || {};
+    new MutationObserver(() => { window.__wbLast[sel] = performance.now(); })
+        .observe(el, {subtree: true, childList: true, characterData: true, attributes: true}); }"""
 
 
 def settle_ms(page, sel: str, before: str, act, name: str = "") -> float:
-    """Milliseconds from the control event until the explorer's figures and text stop changing (100 ms quiet)."""
+    """Milliseconds from the control event until the explorer's last change (figures, text, controls), once
+    it has changed from ``before`` and then stayed unchanged for 100 ms."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    t0 = time.perf_counter()
+    page.evaluate(WATCH_MUTATIONS, sel)
+    t0 = page.evaluate("performance.now()")
     act()
     try:
         wait_changed(page, sel, before)
@@ -553,13 +565,11 @@ def settle_ms(page, sel: str, before: str, act, name: str = "") -> float:
         UX.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(UX / "explorer-no-redraw.png"))
         raise AssertionError(f"{name}: the explorer did not change within 120 s of the control event") from None
-    last, quiet_since = explorer_state(page, sel), time.perf_counter()
-    while time.perf_counter() - quiet_since < 0.1:
+    while True:
+        now, last = page.evaluate("sel => [performance.now(), window.__wbLast[sel]]", sel)
+        if now - last >= 100:
+            return last - t0
         page.wait_for_timeout(20)
-        now = explorer_state(page, sel)
-        if now != last:
-            last, quiet_since = now, time.perf_counter()
-    return (quiet_since - t0) * 1e3
 
 
 def shoot_explorer(page, sel: str, stem: str) -> None:

@@ -31,7 +31,8 @@ def llama70b_like() -> ModelSpec:
 
 
 def buckets_shown(explorer) -> int:
-    return len({int(x) for t in explorer.figures["bucket_layout"].data if t.type == "bar" for x in t.x})
+    return len({int(x) for t in explorer.figures["bucket_layout"].data if t.type == "bar" and t.visible is not False
+                for x in t.x})
 
 
 def snapshot(explorer) -> dict:
@@ -51,7 +52,10 @@ def decoded(value):
 
 
 def figure_json(fig) -> dict:
+    """What ``fig`` draws: its JSON, arrays as lists, without trace uids and hidden traces (the slots a figure
+    widget keeps for other models' traces, :func:`workbench.views.style.sync_figure_widget`)."""
     out = decoded(json.loads(fig.to_json()))
+    out["data"] = [trace for trace in out["data"] if trace.get("visible") is not False]
     for trace in out["data"]:
         trace.pop("uid", None)
     return out

@@ -15,7 +15,7 @@ from test_widgets import figure_json, medium_spec
 from workbench import MiB
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
-from workbench.views.style import TEMPLATE, sync_figure_widget
+from workbench.views.style import PARAM_KINDS, TEMPLATE, sync_figure_widget
 from workbench.views.widgets import build_layout_explorer
 
 SENDS = ("_send_addTraces_msg", "_send_deleteTraces_msg", "_send_update_msg", "_send_relayout_msg",
@@ -129,3 +129,33 @@ def test_a_bucket_change_redraws_only_the_shard_map_and_plans_are_reused():
     assert explorer.shard_plans["row"] is plan
     explorer.controls["link"].value = list(explorer.controls["link"].options)[1]  # the cost line only
     assert sent["bucket_layout"] == [] and sent["rank_load"] == ["update", "update"]
+
+
+def test_another_model_is_one_update_once_the_widget_has_a_slot_for_each_trace():
+    """Mixtral has one more parameter kind (one more bar trace) than Llama: the bucket layout reserved a bar
+    slot per kind on its first draw, so every switch, either way, is one ``Plotly.update``, each kind the model
+    lacks a hidden trace."""
+    explorer = build_layout_explorer("llama-3-8b", communication_size=32 * MiB, num_shards=8)
+    sent = spy_messages(explorer.figures["bucket_layout"])
+    for model in ("mixtral-8x7b", "llama-3-8b", "mixtral-8x7b", "llama-3-8b"):
+        explorer.controls["model"].value = model
+        for figure, fig in expected_figures(explorer).items():
+            shows(explorer.figures[figure], fig)
+    assert sent == ["update"] * 4, sent
+    data = explorer.figures["bucket_layout"].data
+    assert [t.type for t in data] == ["bar"] * len(PARAM_KINDS) + ["scatter"] * 2
+    hidden = [t for t in data if t.visible is False]
+    assert len(hidden) == len(PARAM_KINDS) + 2 - 5 and all(t.x is None for t in hidden)  # Llama: 4 kinds, the cap
+
+
+def test_a_figure_with_more_traces_of_a_kind_than_its_slots_grows_the_widget_once():
+    fw = go.FigureWidget(layout=dict(template=TEMPLATE))
+    two = go.Figure([go.Bar(x=[0], y=[1]), go.Bar(x=[1], y=[2]), go.Scatter(x=[0, 1], y=[1, 1])])
+    one = go.Figure([go.Bar(x=[0], y=[3]), go.Scatter(x=[0, 1], y=[2, 2])])
+    shown = sync_figure_widget(fw, one, None, slots=(("bar", 1), ("scatter", 1)))
+    sent = spy_messages(fw)
+    shown = sync_figure_widget(fw, two, shown)  # two bars: more than the one slot, a replacement
+    shown = sync_figure_widget(fw, one, shown)  # back to one bar: the second is hidden, an update
+    assert sent == ["deleteTraces", "addTraces", "update"], sent  # (the same layout: no relayout)
+    shows(fw, one)
+    assert [t.type for t in fw.data] == ["bar", "bar", "scatter"] and fw.data[1].visible is False

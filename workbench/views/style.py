@@ -199,18 +199,57 @@ def widget_json(fig: go.Figure) -> dict:
     return new
 
 
-def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None) -> dict:
+#: A trace that draws nothing (nor in the legend): it holds a slot of its type in a widget (see :func:`_padded`).
+PLACEHOLDER = {"visible": False}
+
+
+def _runs(data: Sequence[dict]) -> list[tuple[str, int]]:
+    """The trace types of ``data`` as runs: ``[("bar", 4), ("scatter", 1)]``."""
+    runs: list[tuple[str, int]] = []
+    for trace in data:
+        kind = trace.get("type", "scatter")
+        if runs and runs[-1][0] == kind:
+            runs[-1] = (kind, runs[-1][1] + 1)
+        else:
+            runs.append((kind, 1))
+    return runs
+
+
+def _padded(new: list[dict], slots: Sequence[tuple[str, int]]) -> list[dict]:
+    """``new`` with hidden :data:`PLACEHOLDER` traces at the end of each run of one trace type, so that each
+    run is as long as in ``slots`` (runs as :func:`_runs` gives them; when both have the same runs of types):
+    a widget's traces keep their types and one ``Plotly.update`` draws the new figure (a model with one more
+    parameter kind replaced every trace, three redraws). A longer run of ``new`` stays as it is."""
+    runs = _runs(new)
+    if [kind for kind, _ in runs] != [kind for kind, _ in slots]:
+        return new
+    out, start = [], 0
+    for (kind, count), (_, wanted) in zip(runs, slots):
+        out += new[start:start + count] + [{"type": kind, **PLACEHOLDER} for _ in range(wanted - count)]
+        start += count
+    return out
+
+
+def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None,
+                       slots: Sequence[tuple[str, int]] = ()) -> dict:
     """Make ``fw`` show ``fig``, sending only what differs from ``shown`` (what the last call put there).
 
     The same traces (count and types): the changed top-level properties of each trace and of the
     layout go in one ``Plotly.update`` (one redraw in the browser, where replacing every trace cost
-    three: delete, add, relayout). An unchanged figure sends nothing. Otherwise, as
-    :func:`update_figure_widget`. Returns what ``fw`` now shows, for the next call.
+    three: delete, add, relayout). Runs of one trace type shorter than ``fw``'s are padded with hidden
+    traces (:func:`_padded`), so another model's figure is an update too. An unchanged figure sends
+    nothing. Otherwise, as :func:`update_figure_widget`. Returns what ``fw`` now shows, for the next call.
+    ``slots``: the runs of trace types (``[("bar", 9), ("scatter", 2)]``) a first draw reserves, so that even
+    the first figure with more traces of a kind is an update.
     """
     new = widget_json(fig)
-    if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in new["data"]]:
-        update_figure_widget(fw, fig, set(shown["layout"]) if shown else set())
-        return new
+    padded = _padded(new["data"], _runs(shown["data"]) if shown else slots)
+    if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in padded]:
+        given, traces = {id(t) for t in new["data"]}, iter(fig.data)
+        full = go.Figure([next(traces) if id(t) in given else t for t in padded], layout=fig.layout)
+        update_figure_widget(fw, full, set(shown["layout"]) if shown else set())
+        return {**new, "data": padded}
+    new = {**new, "data": padded}
     edits = [_changed(old, trace) for old, trace in zip(shown["data"], new["data"])]
     layout = _changed(shown["layout"], new["layout"])
     if any(edits) or layout:

@@ -23,7 +23,7 @@ from workbench.estimate.comm import AlphaBeta, estimate_comm
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
-from workbench.views.style import TEMPLATE, sync_figure_widget
+from workbench.views.style import PARAM_KINDS, TEMPLATE, sync_figure_widget
 from workbench.views.tables import layout_metrics_html
 
 #: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
@@ -32,6 +32,10 @@ COMMUNICATION_SIZES = (0,) + tuple(2**k * MiB for k in range(9))
 NUM_SHARDS = tuple(2**k for k in range(11))
 #: The FigureWidgets of an explorer, by name.
 FIGURES = ("bucket_layout", "shard_map", "rank_load")
+#: Trace slots a figure widget reserves on its first draw (see :func:`~workbench.views.style.sync_figure_widget`):
+#: the bucket layout has a bar trace per parameter kind present and up to two line/marker traces, so another
+#: model is one ``Plotly.update`` rather than a replacement of every trace (three redraws).
+SLOTS = {"bucket_layout": (("bar", len(PARAM_KINDS)), ("scatter", 2))}
 #: Width of an explorer's figures in pixels: JupyterLab's output area at a 1400 px window is 968 px, and
 #: a FigureWidget drawn before it is attached otherwise keeps plotly's default 700 px.
 FIGURE_WIDTH = 940
@@ -236,7 +240,7 @@ class LayoutExplorer(widgets.VBox):
         self._wanted = {}
         for name, fig in new.items():
             fig.layout.width = min(FIGURE_WIDTH, fig.layout.width or FIGURE_WIDTH)
-            self._shown[name] = sync_figure_widget(self.figures[name], fig, self._shown[name])
+            self._shown[name] = sync_figure_widget(self.figures[name], fig, self._shown[name], SLOTS.get(name, ()))
         self.bucket_plan, self.shard_plans = bucket_plan, plans
         self._syncing = True
         try:
