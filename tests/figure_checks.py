@@ -9,10 +9,12 @@ cell, a clipped table. Used by ``test_browser.py`` on static pages and in Jupyte
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 #: Returns ``{box, texts: [{text, role, box}], cells: [{text, box}], tables: [{box, clip}], traces, drawn}``.
-INSPECT = """gd => {
+INSPECT = r"""gd => {
     const r = e => { const b = e.getBoundingClientRect();
                      return {x0: b.left, y0: b.top, x1: b.right, y1: b.bottom}; };
     const role = e => {
@@ -29,7 +31,10 @@ INSPECT = """gd => {
         .filter(e => !e.closest('.hoverlayer') && !e.closest('.modebar') && e.textContent.trim() !== ''
                      && getComputedStyle(e).visibility !== 'hidden' && getComputedStyle(e).display !== 'none'
                      && e.getAttribute('opacity') !== '0' && e.getBBox().width > 0)
-        .map(e => ({text: e.textContent, role: role(e), box: r(e)}));
+        .map(e => { const turn = /rotate\(\s*(-?[\d.]+)/.exec(e.getAttribute('transform') || '');
+                    const local = e.getBBox();
+                    return {text: e.textContent, role: role(e), box: r(e), angle: turn ? Number(turn[1]) : 0,
+                            w: local.width, h: local.height}; });
     const cells = Array.from(gd.querySelectorAll('g.table g.column-cell')).map(c => {
         const texts = Array.from(c.querySelectorAll('text')).filter(t => t.textContent.trim() !== '');
         const rect = c.querySelector('rect');
@@ -38,7 +43,16 @@ INSPECT = """gd => {
     });
     const tables = Array.from(gd.querySelectorAll('g.table')).map(t => ({box: r(t), clip: null}));
     const host = gd.closest('section, .jp-OutputArea-output, .widget-vbox, .slides section') || gd.parentElement;
-    return {box: r(gd), container: r(host), texts, cells, tables,
+    // Drawn line traces, their points to 3 significant digits (closer than that, two lines are one on screen).
+    const round = v => typeof v === 'number' ? Number(v.toPrecision(3)) : v;
+    const lines = (gd._fullData || []).filter(t => t.visible === true && t.type === 'scatter' && /lines/.test(t.mode || ''))
+        .map(t => ({name: t.name, dash: (t.line || {}).dash || 'solid', axes: t.xaxis + t.yaxis,
+                    points: JSON.stringify([Array.from(t.x || []).map(round), Array.from(t.y || []).map(round)])}));
+    const axes = Object.keys(gd._fullLayout || {}).filter(k => /^[xy]axis\d*$/.test(k)).map(k => {
+        const a = gd._fullLayout[k];
+        return {name: k, title: (a.title && a.title.text) || '', ticks: (a._vals || []).map(v => v.text)}; });
+    const bars = Array.from(gd.querySelectorAll('.barlayer .point path')).map(r).filter(b => b.x1 - b.x0 > 0 && b.y1 - b.y0 > 0);
+    return {box: r(gd), container: r(host), texts, cells, tables, lines, axes, bars,
             traces: (gd.data || []).filter(t => t.visible !== false).length,  // hidden: a widget's spare trace slots
             drawn: gd.querySelectorAll('.cartesianlayer g.trace, g.table').length,
             modebar: Array.from(gd.querySelectorAll('.modebar-btn')).map(b => b.getAttribute('data-title'))};
@@ -50,14 +64,59 @@ def overlaps(a: dict, b: dict, slack: float = 1.0) -> bool:
             and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack)
 
 
+def collide(a: dict, b: dict, slack: float = 1.0) -> bool:
+    """Two texts on each other. Texts turned by the same angle (tick labels at 30 degrees) are compared in
+    their own frame: their upright boxes overlap where the turned letters do not."""
+    if a.get("angle") and a.get("angle") == b.get("angle"):
+        t = math.radians(a["angle"])
+        dx = (b["box"]["x0"] + b["box"]["x1"] - a["box"]["x0"] - a["box"]["x1"]) / 2
+        dy = (b["box"]["y0"] + b["box"]["y1"] - a["box"]["y0"] - a["box"]["y1"]) / 2
+        along, across = dx * math.cos(t) + dy * math.sin(t), -dx * math.sin(t) + dy * math.cos(t)
+        return ((a["w"] + b["w"]) / 2 - abs(along) > slack) and ((a["h"] + b["h"]) / 2 - abs(across) > slack)
+    return overlaps(a["box"], b["box"], slack)
+
+
 def inside(inner: dict, outer: dict, slack: float = 1.0) -> bool:
     return (inner["x0"] >= outer["x0"] - slack and inner["y0"] >= outer["y0"] - slack
             and inner["x1"] <= outer["x1"] + slack and inner["y1"] <= outer["y1"] + slack)
 
 
-def problems(name: str, seen: dict) -> list[str]:
-    """Sentences naming each text outside the figure, each pair of overlapping labels, each empty cell."""
+#: Words a figure uses to say that lines lie on each other (then drawing them alike is honest).
+SAYS_COINCIDE = ("coincide", "identical", "on top of each other", "hidden under")
+#: An axis of whole steps (not "step time").
+STEP_AXIS = re.compile(r"\bsteps?\b(?!\s*time)", re.I)
+
+
+def hidden_lines(name: str, seen: dict) -> list[str]:
+    """Two drawn lines with the same points and dash pattern (one hides the other), unless the figure says so."""
+    said = " ".join(t["text"] for t in seen["texts"]).lower()
+    out, lines = [], seen.get("lines", [])
+    for i, a in enumerate(lines):
+        for b in lines[i + 1:]:
+            if a["axes"] == b["axes"] and a["points"] == b["points"] and a["dash"] == b["dash"] \
+                    and not any(word in said for word in SAYS_COINCIDE):
+                out.append(f"{name}: line {b['name']!r} hides under {a['name']!r} (same points, same dash, not said)")
+    return out
+
+
+def fractional_steps(name: str, seen: dict) -> list[str]:
+    """Tick labels of a step axis that are not whole numbers ("0.5, 1.5")."""
     out = []
+    for axis in seen.get("axes", []):
+        if STEP_AXIS.search(axis["title"]):
+            bad = [t for t in axis["ticks"] if re.fullmatch(r"[-−]?\d*\.\d+", t.replace(",", ""))]
+            if bad:
+                out.append(f"{name}: the step axis {axis['name']} ({axis['title']!r}) has fractional ticks {bad}")
+    return out
+
+
+def problems(name: str, seen: dict) -> list[str]:
+    """Sentences naming each text outside the figure, each pair of overlapping labels, each empty cell, each
+    annotation on a bar, each pair of lines one hiding the other unsaid, each fractional step tick."""
+    out = hidden_lines(name, seen) + fractional_steps(name, seen)
+    for t in seen["texts"]:
+        if t["role"] == "annotation" and any(overlaps(t["box"], bar, slack=1.0) for bar in seen.get("bars", [])):
+            out.append(f"{name}: annotation {t['text']!r} sits on a bar")
     texts = [t for t in seen["texts"] if t["role"] != "table"]
     if seen.get("container") and seen["box"]["x1"] > seen["container"]["x1"] + 1:
         out.append(f"{name}: the figure is wider than its container ({seen['box']} vs {seen['container']})")
@@ -68,7 +127,7 @@ def problems(name: str, seen: dict) -> list[str]:
         for b in texts[i + 1:]:
             labels = {"point label", "bar label"}
             slack = -1.0 if a["role"] in labels or b["role"] in labels else 1.0  # numbers need a gap to be read
-            if overlaps(a["box"], b["box"], slack) and not (a["text"] == b["text"] and a["box"] == b["box"]):
+            if collide(a, b, slack) and not (a["text"] == b["text"] and a["box"] == b["box"]):
                 out.append(f"{name}: {a['role']} {a['text']!r} overlaps {b['role']} {b['text']!r}")
     for c in seen["cells"]:
         if not c["text"]:
