@@ -30,7 +30,7 @@ from workbench.models.init import LMConfig
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
 from workbench.studies.runs import loss_curves
 from workbench.studies.step_time import steady_median
-from workbench.views.style import figure, subplot_grid
+from workbench.views.style import coincide_note, figure, separate_coinciding, subplot_grid
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -257,4 +257,8 @@ def fig_accumulation(table: "pd.DataFrame", framework: str = "mlx", *, height: i
                                name=f"{name} (model)", legendgroup=name, showlegend=False, xaxis=refs[3][0],
                                yaxis=refs[3][1], line=dict(color=colors[strategy], dash="dot", width=1)))
     title = f"Gradient accumulation in {framework.upper()}: deferred sync against sync every micro-batch"
-    return figure(traces, layout, title, height)
+    notes = coincide_note(separate_coinciding(traces))  # lines on each other are said, and drawn wide to narrow
+    if notes:  # the title sits mid top margin: two title lines of margin per note keep it above the panels' titles
+        layout["margin"] = dict(l=60, r=20, t=80 + 36 * len(notes), b=60)
+        title += "".join(f"<br><sup>{note}</sup>" for note in notes)
+    return figure(traces, layout, title, height + 36 * len(notes))

@@ -8,10 +8,12 @@ rank ends, so a step's time is the maximum over ranks.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.views.style import TEMPLATE
+from workbench.views.style import TEMPLATE, coincide_note, separate_coinciding
 
 #: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
 LABEL_FIELDS = ("spec.framework", "spec.strategy")
@@ -87,6 +89,9 @@ def _max_mib(steps: pd.DataFrame, column: str) -> float | None:
     return float(steps[column].max() / 2**20)
 
 
+#: Where |loss - DDP loss| = 0 is drawn on the log axis of :func:`fig_diff_to_ddp`.
+DIFF_FLOOR = 1e-12
+
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
@@ -131,20 +136,37 @@ def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 42
 
 
 def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
-    """|loss - DDP's loss| per step for every non-DDP run that has a stored DDP twin (log scale)."""
+    """|loss - DDP's loss| per step for every non-DDP run that has a stored DDP twin (log scale).
+
+    Exact zeros are drawn at :data:`DIFF_FLOOR`, the bottom of the axis, and the subtitle says how many
+    runs equal DDP at every step; lines that lie on each other are said and drawn wide to narrow
+    (issue 18: six identical lines showed as one, at 1e-12, with nothing saying why). The axis spans at
+    least two decades, labelled at each decade.
+    """
     runs, curves = loaded.runs, loss_curves(loaded)
-    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, xaxis_title="step",
-                                yaxis=dict(title="|loss - DDP loss|", type="log", exponentformat="e"),
-                                title="Difference to DDP (fp32 rounding level is ~1e-7 of the loss)"))
+    traces, exact = [], []
     for _, run in runs[runs["spec.strategy"] != "ddp"].iterrows():
         twin = ddp_twin(runs, run.run_id)
         if twin is None:
             continue
         a = curves[curves.run_id == run.run_id].set_index("step").loss
         b = curves[curves.run_id == twin].set_index("step").loss
-        d = (a - b).abs().dropna().clip(lower=1e-12)  # exact zeros drawn at the bottom of the log axis
-        fig.add_trace(go.Scatter(x=d.index.tolist(), y=d.tolist(), mode="lines+markers", name=run_label(run)))
-    return fig
+        d = (a - b).abs().dropna()
+        if len(d) and (d == 0).all():
+            exact.append(run_label(run))
+        traces.append(dict(type="scatter", x=d.index.tolist(), y=d.clip(lower=DIFF_FLOOR).tolist(), mode="lines+markers",
+                           name=run_label(run), line=dict(width=1.5)))
+    notes = coincide_note(separate_coinciding(traces))
+    if exact:
+        notes.insert(0, f"{len(exact)} of {len(traces)} runs equal DDP exactly at every step (drawn at the floor, "
+                        f"{DIFF_FLOOR:.0e})")
+    top = max((max(t["y"]) for t in traces if t["y"]), default=DIFF_FLOOR)
+    span = [math.log10(DIFF_FLOOR) - 0.5, max(math.log10(top) + 0.5, math.log10(DIFF_FLOOR) + 2)]
+    title = "Difference to DDP (fp32 rounding level is ~1e-7 of the loss)" + "".join(f"<br><sup>{n}</sup>" for n in notes)
+    layout = dict(template=TEMPLATE, height=height + 14 * len(notes), xaxis_title="step", margin=dict(t=70 + 14 * len(notes)),
+                  yaxis=dict(title="|loss - DDP loss|", type="log", exponentformat="e", dtick=1, range=span),
+                  title=title)
+    return go.Figure(dict(data=traces, layout=layout))
 
 
 def fig_step_time_memory(summary: pd.DataFrame, *, height: int = 360) -> go.Figure:

@@ -107,6 +107,42 @@ def figure(traces: list[dict], layout: dict, title: str, height: int) -> go.Figu
     return go.Figure(dict(data=traces, layout={**base, **layout}), _validate=False)
 
 
+def _on_screen(values) -> tuple:
+    """Values as a line is drawn: to 3 significant digits (closer than that, two lines are one on screen)."""
+    return tuple(float(f"{v:.3g}") if isinstance(v, (int, float)) else v for v in values)
+
+
+def separate_coinciding(traces: list[dict]) -> list[list[str]]:
+    """Groups of drawn line traces (dicts) that lie on each other: the same axes and the same points on
+    screen. Within a group each line is drawn narrower than the one before it, so every colour stays
+    visible; returns the groups' trace names, for a subtitle to say (issue 18: lines hid others unsaid)."""
+    groups: dict[tuple, list[dict]] = {}
+    for t in traces:
+        if t.get("type", "scatter") == "scatter" and "lines" in t.get("mode", "lines") and t.get("visible", True) is True:
+            key = (t.get("xaxis", "x"), t.get("yaxis", "y"), _on_screen(t.get("x", ())), _on_screen(t.get("y", ())))
+            groups.setdefault(key, []).append(t)
+    out = []
+    for group in (g for g in groups.values() if len(g) > 1):
+        base = group[0].get("line", {}).get("width", 2)
+        for k, t in enumerate(group):
+            t["line"] = {**t.get("line", {}), "width": base + 2 * (len(group) - 1 - k)}
+        out.append([t.get("name", "") for t in group])
+    return out
+
+
+def coincide_note(groups: list[list[str]], width: int = 130) -> list[str]:
+    """:func:`separate_coinciding`'s groups said in subtitle lines of at most ``width`` characters (a group is
+    never split): ``["coincide: ddp = fsdp-row; mlx = jax"]``; none for no group."""
+    lines: list[str] = []
+    for k, part in enumerate(" = ".join(g) for g in groups):
+        part = ("coincide: " if k == 0 else "") + part
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += "; " + part
+        else:
+            lines.append(part)
+    return lines
+
+
 def subplot_grid(rows: int, cols: int, titles: Sequence[str], hspace: float = 0.08, vspace: float = 0.12):
     """Axes of a rows x cols grid (as ``make_subplots`` lays it out, without its cost).
 
