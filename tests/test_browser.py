@@ -116,9 +116,14 @@ DRAWN = """gd => ({
 
 
 def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
+    """Every slide's figures draw, offline, and pass the reviewer's checks (:func:`figure_checks.problems`: no
+    text outside a figure, no labels on each other, no empty or cut cell, no line hidden unsaid)."""
+    from figure_checks import INSPECT, problems
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     w = open_deck(browser, deck.html)
     page = w.page
+    found = []
     indices = page.evaluate("Reveal.getSlides().map(s => { const i = Reveal.getIndices(s); "
                             "return [i.h, i.v || 0, s.querySelectorAll('.plotly-graph-div').length]; })")
     assert len(indices) == page.evaluate("Reveal.getTotalSlides()") >= 10
@@ -130,6 +135,9 @@ def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
         page.wait_for_function("window.workbenchDeck.ready", timeout=15_000)
         figures = page.evaluate(f"Array.from(Reveal.getCurrentSlide().querySelectorAll('.plotly-graph-div')).map({DRAWN})")
         assert len(figures) == num_figures
+        shown = page.locator(".slides section.present .plotly-graph-div")
+        for j in range(shown.count()):  # what a reviewer checks (issue 18: slides 4 and 8 cut a row, hid names)
+            found += problems(f"slide {k} figure {j}", shown.nth(j).evaluate(INSPECT))
         for fig in figures:
             assert fig["svg"] >= 1 and fig["drawn"] == fig["traces"] >= 1 and fig["marks"] >= 1, (k, fig)
             if fig["tables"]:  # a table is sized to its content (issue 18), and fits the slide
@@ -150,6 +158,8 @@ def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
         if num_figures:  # every figure slide, to be looked at (issue 18)
             UX.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(UX / f"deck-slide-{k:02d}.png"))
+    (ARTIFACTS / "deck-problems.txt").write_text("\n".join(found))
+    assert found == [], found
     assert page.evaluate("document.querySelectorAll('mjx-container svg').length") >= 1  # the formulas, offline
     assert page.evaluate("window.workbenchDeck.errors") == []
     assert w.blocked == [] and all(u.startswith(("file:", "data:", "blob:")) for u in w.requests), w.blocked
@@ -433,6 +443,12 @@ def test_a_sweep_in_jupyterlab_ends_with_every_progress_bar_full_and_labelled(la
     outputs = " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
     assert not re.search(r"\d+/\d+ \[.*engine", outputs), outputs  # ipyparallel's tqdm text ("2/2 [00:01<00:00, 1.3engine/s]")
     assert page.locator(".workbench-sweep-pinned").count() == 0  # the pinned ETA goes when the sweep is done
+    from figure_checks import INSPECT, problems
+
+    curves = page.locator(".jp-OutputArea-output .js-plotly-plot")
+    assert curves.count() == 2  # each run's live loss curve
+    found = [p for k in range(curves.count()) for p in problems(f"live curve {k}", curves.nth(k).evaluate(INSPECT))]
+    assert found == []  # among them: whole steps on the step axis (it read 0, 0.5, 1, 1.5, 2 for 3 steps)
     assert w.errors() == [], w.errors()
     assert w.blocked == [], w.blocked
 
@@ -467,14 +483,13 @@ def reviewed_figures() -> dict:
     }
 
 
-def test_reviewed_figures_are_readable_in_a_browser(browser, tmp_path):
-    """Every reviewed figure, drawn by plotly.js at the width of JupyterLab's output area (968 px):
-    no text outside its figure, no two labels on each other, no empty or cut table cell, no upload
-    button. Screenshots go to build/ux/ (``$WORKBENCH_UX_ARTIFACTS``) to be looked at."""
+def inspect_figures(browser, figures: dict, page_path: Path, shots: bool = True):
+    """``figures`` drawn by plotly.js at the width of JupyterLab's output area (968 px), each checked as a
+    person would (:func:`figure_checks.problems`); returns the problems and the page. Screenshots of each
+    go to build/ux/ (``$WORKBENCH_UX_ARTIFACTS``) to be looked at."""
     from figure_checks import INSPECT, figure_page, problems
 
-    figures = reviewed_figures()
-    page_path = figure_page(figures, tmp_path / "figures.html")
+    figure_page(figures, page_path)
     w = Watched(browser, ("file:", "data:", "blob:"), viewport={"width": 1000, "height": 900})
     w.page.goto(page_path.as_uri(), wait_until="load")
     w.page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {len(figures)}")
@@ -484,7 +499,15 @@ def test_reviewed_figures_are_readable_in_a_browser(browser, tmp_path):
         seen = w.page.locator(f"#fig-{name}").evaluate(INSPECT)
         assert seen["drawn"] == seen["traces"] >= 1, name
         found += problems(name, seen)
-        w.page.locator(f"section[data-name='{name}']").screenshot(path=str(UX / f"{name}.png"))
+        if shots:
+            w.page.locator(f"section[data-name='{name}']").screenshot(path=str(UX / f"{name}.png"))
+    return found, w
+
+
+def test_reviewed_figures_are_readable_in_a_browser(browser, tmp_path):
+    """Every reviewed figure: no text outside its figure, no two labels on each other, no empty or cut
+    table cell, no annotation on a bar, no line hidden under another unsaid, no upload button."""
+    found, w = inspect_figures(browser, reviewed_figures(), tmp_path / "figures.html")
     assert found == []
     # Each bucket draws in its own slot: the widest bar of the Llama layout is one slot's 0.8, not 137 slots.
     widths = w.page.evaluate("""() => {
@@ -494,6 +517,30 @@ def test_reviewed_figures_are_readable_in_a_browser(browser, tmp_path):
                (xa.range[1] - xa.range[0])));
     }""")
     assert widths and max(widths) <= 0.81, max(widths)
+    assert w.errors() == [] and w.blocked == []
+
+
+def stored_figures(paths) -> dict:
+    """Every plotly figure the notebooks at ``paths`` store, as their reader sees it, named by notebook and cell."""
+    figures = {}
+    for path in paths:
+        for k, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            for j, out in enumerate(cell.get("outputs", [])):
+                fig = out.get("data", {}).get("application/vnd.plotly.v1+json")
+                if fig:
+                    figures[f"{path.stem}-cell{k}" + (f"-{j}" if j else "")] = fig
+    return figures
+
+
+def test_stored_notebook_figures_are_readable_in_a_browser(browser, tmp_path):
+    """Issue 18 in the stored notebooks (what a reader opening them sees): notebook 04's step-time axis was
+    cut ("0, 216, 43"), its 8 loss curves lay on each other with nothing saying so, the live curves of 03
+    and 04 had steps 0.5 and 1.5, and the buckets-vs-size lines hid each other. Every stored figure passes
+    the reviewer's checks (:func:`figure_checks.problems`)."""
+    figures = stored_figures(STORED_NOTEBOOKS)
+    assert len(figures) >= 20, sorted(figures)
+    found, w = inspect_figures(browser, figures, tmp_path / "stored.html", shots=False)
+    assert found == []
     assert w.errors() == [] and w.blocked == []
 
 

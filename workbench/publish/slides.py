@@ -121,9 +121,16 @@ function (Reveal, RevealNotes) {
   function plots(scope) {
     return Array.prototype.slice.call(scope.querySelectorAll('.plotly-graph-div'));
   }
-  // Figures drawn while their slide was hidden have the default size: redraw them to fit.
+  // Figures drawn while their slide was hidden have the default size: redraw them to fit. A table also
+  // placed its multi-line headers from line heights read as 0 there (the text ran out of its cells):
+  // a new data revision makes Plotly.react draw it again, now visible.
   function fit(scope) {
-    return Promise.all(plots(scope).map(function (gd) { return window.Plotly.Plots.resize(gd); }));
+    return Promise.all(plots(scope).map(function (gd) {
+      var table = (gd.data || []).some(function (t) { return t.type === 'table'; });
+      return window.Plotly.Plots.resize(gd).then(function () {
+        return table ? window.Plotly.react(gd, gd.data, Object.assign({}, gd.layout, {datarevision: Date.now()})) : gd;
+      });
+    }));
   }
   // ready: the current slide's figures fit; pdfReady: every figure fits the print layout.
   var deck = window.workbenchDeck = {ready: false, pdfReady: false, fit: fit, errors: []};
