@@ -52,7 +52,8 @@ INSPECT = r"""gd => {
         const a = gd._fullLayout[k];
         return {name: k, title: (a.title && a.title.text) || '', ticks: (a._vals || []).map(v => v.text)}; });
     const bars = Array.from(gd.querySelectorAll('.barlayer .point path')).map(r).filter(b => b.x1 - b.x0 > 0 && b.y1 - b.y0 > 0);
-    return {box: r(gd), container: r(host), texts, cells, tables, lines, axes, bars,
+    const legend = gd.querySelector('.legend .bg');
+    return {box: r(gd), container: r(host), texts, cells, tables, lines, axes, bars, legend: legend ? r(legend) : null,
             traces: (gd.data || []).filter(t => t.visible !== false).length,  // hidden: a widget's spare trace slots
             drawn: gd.querySelectorAll('.cartesianlayer g.trace, g.table').length,
             modebar: Array.from(gd.querySelectorAll('.modebar-btn')).map(b => b.getAttribute('data-title'))};
@@ -74,6 +75,17 @@ def collide(a: dict, b: dict, slack: float = 1.0) -> bool:
         along, across = dx * math.cos(t) + dy * math.sin(t), -dx * math.sin(t) + dy * math.cos(t)
         return ((a["w"] + b["w"]) / 2 - abs(along) > slack) and ((a["h"] + b["h"]) / 2 - abs(across) > slack)
     return overlaps(a["box"], b["box"], slack)
+
+
+def covered(t: dict, box: dict, slack: float = 4.0) -> bool:
+    """``box`` (a legend) lies on text ``t`` by more than ``slack`` px (a text's box includes its line's
+    spacing: a legend just under an axis title touches it); a turned text by its centre line."""
+    if not t.get("angle"):
+        return overlaps(t["box"], box, slack)
+    a = math.radians(t["angle"])
+    cx, cy = (t["box"]["x0"] + t["box"]["x1"]) / 2, (t["box"]["y0"] + t["box"]["y1"]) / 2
+    points = [(cx + s * t["w"] / 2 * math.cos(a), cy + s * t["w"] / 2 * math.sin(a)) for s in (k / 4 - 1 for k in range(9))]
+    return any(box["x0"] + 1 < x < box["x1"] - 1 and box["y0"] + 1 < y < box["y1"] - 1 for x, y in points)
 
 
 def inside(inner: dict, outer: dict, slack: float = 1.0) -> bool:
@@ -117,6 +129,8 @@ def problems(name: str, seen: dict) -> list[str]:
     for t in seen["texts"]:
         if t["role"] == "annotation" and any(overlaps(t["box"], bar, slack=1.0) for bar in seen.get("bars", [])):
             out.append(f"{name}: annotation {t['text']!r} sits on a bar")
+        if t["role"] in ("tick", "axis title") and seen.get("legend") and covered(t, seen["legend"]):
+            out.append(f"{name}: the legend covers {t['role']} {t['text']!r}")  # notebook 04 read "0, 216, 43"
     texts = [t for t in seen["texts"] if t["role"] != "table"]
     if seen.get("container") and seen["box"]["x1"] > seen["container"]["x1"] + 1:
         out.append(f"{name}: the figure is wider than its container ({seen['box']} vs {seen['container']})")
