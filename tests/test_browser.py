@@ -715,6 +715,7 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
         ("layout: bucket", type_into("bucket (shard map)", 150)),
         ("layout: rank", type_into("rank (inspector)", 11)),
         ("layout: model", select(layout_sel, "model", "mixtral-8x7b")),
+        ("layout: link", select(layout_sel, "link (cost)", "Ethernet 10 Gb/s (50 µs, 1.1 GB/s)")),  # the cost line
     ]
     for name, act in steps:
         timings[name] = settle_ms(page, layout_sel, layout_before, act, name)
@@ -724,7 +725,10 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
                       ("memory: optimizer", select(memory_sel, "optimizer", "sgd")),
                       ("memory: param_dtype", select(memory_sel, "param_dtype", "float32")),
                       ("memory: seq_len", slider_key(memory_sel, "seq_len", "ArrowRight")),
-                      ("memory: num_shards", slider_key(memory_sel, "num_shards (N)", "ArrowLeft"))]:
+                      ("memory: num_shards", slider_key(memory_sel, "num_shards (N)", "ArrowLeft")),
+                      ("memory: update_copies", select(memory_sel, "update_copies", "parameters")),
+                      ("memory: micro_batch_size", slider_key(memory_sel, "micro_batch_size", "ArrowRight")),
+                      ("memory: model", select(memory_sel, "model", "qwen3-4b"))]:
         timings[name] = settle_ms(page, memory_sel, memory_before, act, name)
         memory_before = explorer_state(page, memory_sel)
     print("round trip, control event to every figure settled (ms): " + json.dumps({k: round(v) for k, v in timings.items()}))
