@@ -1,11 +1,12 @@
 """HSDP in MLX on real processes: the MPI backend splits groups (ring cannot), 2 shards x 2 replicas."""
 
+import re
 import shutil
 
 import numpy as np
 import pytest
 
-from workbench.launch.plan import plan_launch, run_worker
+from workbench.launch.plan import mpirun_command, plan_launch, run_local, run_worker
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpirun") is None,
@@ -61,3 +62,17 @@ def test_hsdp_shards_within_pairs_and_averages_across_them(mpi_run):
                     assert counts.get("all_gather", 0) == 2 * b  # the 2-rank exchange, then the gather
                     assert counts.get("all_sum", 0) == b + clip  # one average across replicas per bucket
                 assert report["num_all_sums"] == b + clip
+
+
+def test_mpi_ranks_get_thread_multiple(tmp_path):
+    """MLX calls MPI from one thread per stream (the ring sends and receives on two at once), but its
+    ``MPI_Init`` asks for MPI_THREAD_SINGLE; the launch must raise it (unlocked, the calls raced: a rare
+    SIGSEGV in ``PMPI_Allreduce`` or "free(): invalid pointer" in ``mca_pml_ob1_send``)."""
+    plan = plan_launch(2, framework="mlx", backend="mpi")
+    assert "OMPI_MPI_THREAD_LEVEL=3" in mpirun_command(plan, ["-c", "pass"])
+    probe = ("import ctypes, mlx.core as mx; g = mx.distributed.init(backend='mpi', strict=True); "
+             "level = ctypes.c_int(-1); ctypes.CDLL('libmpi.so').MPI_Query_thread(ctypes.byref(level)); "
+             "import sys; sys.stdout.write(f'rank {g.rank()} thread level {level.value};\\n'); sys.stdout.flush()")
+    [result] = run_local(plan, ["-c", probe], timeout_s=60, workdir=tmp_path)
+    # mpirun merges the ranks' output, one rank's line can run into the other's
+    assert sorted(re.findall(r"rank (\d+) thread level (-?\d+);", result.output)) == [("0", "3"), ("1", "3")]
