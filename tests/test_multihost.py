@@ -107,6 +107,7 @@ def test_each_engine_finds_its_rank_environment_from_its_launcher(tmp_path):
     args = mpi_args(plan, "10.0.0.1", tmp_path, ["-F", "cfg"])
     assert args[args.index("--hostfile") + 1] == str(tmp_path / "openmpi-hostfile")
     assert "10.0.0.1/32,10.0.0.11/32,10.0.0.12/32" in args and "IPP_CONNECTION_INFO" in args
+    assert args[args.index("OMPI_MPI_THREAD_LEVEL=3") - 1] == "-x"  # MLX calls MPI from several threads
 
 
 # ------------------------------------------------------------------------------------------ on the rig

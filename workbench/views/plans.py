@@ -265,10 +265,8 @@ def fig_buckets_vs_size(spec: ModelSpec, sizes_bytes: Iterable[int], policies: S
     note = "<br>" + "; ".join(notes) + " (dashed drawn over solid)" if notes else ""
     title = (f"{spec.name}: buckets vs communication_size<br><sup>{len(spec)} arrays, {format_bytes(spec.nbytes)}"
              f"{note}</sup>")
-    # The note's line adds to the figure, not takes from the plot; the legend goes clear of the axis titles
-    # (at -0.18 of a plot shrunk by the note it lay on "communication_size (MiB)").
-    layout["margin"] = dict(l=60, r=20, t=100 if notes else 80, b=80)
-    layout["legend"] = dict(orientation="h", yanchor="top", y=-0.26, x=0)
+    # The note's line adds height, not takes it from the plot; the legend clears the axis titles (it lay on them).
+    layout.update(margin=dict(l=60, r=20, t=100 if notes else 80, b=80), legend=dict(orientation="h", yanchor="top", y=-0.26, x=0))
     return figure(traces, layout, title, height + (20 if notes else 0) + 20)
 
 
