@@ -27,12 +27,12 @@ from workbench.views.memory_explorer import build_memory_explorer
 
 
 def bars(fig) -> dict[str, list[float]]:
-    """``{component: y}`` of the bar traces."""
-    return {t.name: list(t.y) for t in fig.data if t.type == "bar"}
+    """``{component: y}`` of the drawn bar traces (an explorer's widget keeps hidden spare ones)."""
+    return {t.name: list(t.y) for t in fig.data if t.type == "bar" and t.visible is not False}
 
 
 def trace(fig, name_start: str):
-    return next(t for t in fig.data if t.name.startswith(name_start))
+    return next(t for t in fig.data if t.visible is not False and t.name.startswith(name_start))
 
 
 def stacked_totals(fig) -> list[float]:

@@ -74,7 +74,8 @@ def test_same_traces_go_in_one_update_and_a_dropped_property_is_cleared():
     assert sent == ["update"]  # one Plotly.update: one redraw
     shows(fw, second)
     assert fw.data[0].marker.color is None and fw.layout.yaxis.range is None
-    assert isinstance(fw.data[0].y, np.ndarray)  # arrays stay arrays (not plotly's base64 dicts)
+    assert list(fw.data[0].y) == [3.0, 4.0, 5.0]  # numbers, not plotly's base64 dicts
+    assert not any(isinstance(v, np.ndarray) for v in fw.data[0]._props.values())  # lists: see style._arrays
     sync_figure_widget(fw, bars([3, 4, 5], name="b", title_text="two"), shown)
     assert sent == ["update"]  # an unchanged figure sends nothing
 

@@ -173,40 +173,25 @@ def hline(y: float, xref: str, yref: str, name: str, dash: str = "dot") -> dict:
                 line=dict(color="#333333", width=1, dash=dash))
 
 
-def update_figure_widget(fw: go.FigureWidget, fig: go.Figure, stale_keys: set[str]) -> set[str]:
-    """Replace the traces and layout of ``fw`` by those of ``fig``; returns the layout keys set.
+def update_figure_widget(fw: go.FigureWidget, shown: dict, stale_keys: set[str]) -> None:
+    """Replace the traces and layout of ``fw`` by ``shown`` (figure JSON, as :func:`widget_json` gives).
 
-    ``stale_keys`` are the layout keys the previous figure set; those ``fig`` lacks are
+    ``stale_keys`` are the layout keys the previous figure set; those ``shown`` lacks are
     cleared, since a layout update merges. The template is set once, when the widget
     is made (every figure uses :data:`~workbench.views.style.TEMPLATE`).
     """
-    layout = _arrays(fig.layout.to_plotly_json())
-    layout.pop("template", None)
     # Each of these is one redraw in the browser: the layout goes to the emptied plot, so only adding
     # the traces draws them (the other order drew every trace twice).
     fw.data = []
-    fw.update_layout({**{key: None for key in stale_keys - set(layout)}, **layout}, overwrite=True)
-    fw.add_traces(fig.data)
-    return set(layout)
-
-
-def _same(a, b) -> bool:
-    """Equality of figure JSON values that may hold NumPy arrays (whose ``==`` is elementwise)."""
-    import numpy as np
-
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and np.array_equal(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
+    fw.update_layout({**{key: None for key in stale_keys - set(shown["layout"])}, **shown["layout"]}, overwrite=True)
+    fw.add_traces(shown["data"])
 
 
 def _arrays(value):
     """Figure JSON with plotly's typed arrays (``{"dtype", "bdata", "shape"}``, what ``to_plotly_json`` writes
-    for NumPy data) back as arrays: set on a widget as they are, they would stay dicts in its traces."""
+    for NumPy data) back as lists: set on a widget as they are, they would stay dicts in its traces. Not as
+    NumPy arrays: plotly.js then holds typed arrays, reports them back in its trace deltas as ``{"0": ..}``
+    objects, and plotly's handler of those raised in the kernel after every update (a traceback each)."""
     import base64
 
     import numpy as np
@@ -215,17 +200,17 @@ def _arrays(value):
         if "bdata" in value and "dtype" in value:
             array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
             shape = value.get("shape")
-            return array.reshape([int(n) for n in str(shape).split(",")]) if shape else array
+            return (array.reshape([int(n) for n in str(shape).split(",")]) if shape else array).tolist()
         return {key: _arrays(v) for key, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_arrays(v) for v in value]
-    return value
+    return value.tolist() if isinstance(value, np.ndarray) else value  # (object arrays stay arrays in that JSON)
 
 
 def _changed(old: dict, new: dict) -> dict:
     """The top-level keys of ``new`` that differ from ``old``, and ``None`` for those ``new`` dropped."""
     return {**{key: None for key in old.keys() - new.keys()},
-            **{key: value for key, value in new.items() if key not in old or not _same(old[key], value)}}
+            **{key: value for key, value in new.items() if key not in old or old[key] != value}}
 
 
 def widget_json(fig: go.Figure) -> dict:
@@ -281,10 +266,9 @@ def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None,
     new = widget_json(fig)
     padded = _padded(new["data"], _runs(shown["data"]) if shown else slots)
     if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in padded]:
-        given, traces = {id(t) for t in new["data"]}, iter(fig.data)
-        full = go.Figure([next(traces) if id(t) in given else t for t in padded], layout=fig.layout)
-        update_figure_widget(fw, full, set(shown["layout"]) if shown else set())
-        return {**new, "data": padded}
+        new = {**new, "data": padded}
+        update_figure_widget(fw, new, set(shown["layout"]) if shown else set())
+        return new
     new = {**new, "data": padded}
     edits = [_changed(old, trace) for old, trace in zip(shown["data"], new["data"])]
     layout = _changed(shown["layout"], new["layout"])
