@@ -130,7 +130,8 @@ def fig_bucket_advice(check: AdviceCheck, *, height: int = 440) -> go.Figure:
     fig = go.Figure(layout=dict(template=TEMPLATE, height=height, title=title,
                                 xaxis=dict(type="log", title="communication_size (MiB, log scale)", tickvals=x,
                                            ticktext=[f"{v:g}" for v in x]),
-                                yaxis=dict(title="time per step (ms)"), legend=dict(orientation="h", y=-0.22)))
+                                yaxis=dict(title="time per step (ms)"), margin=dict(b=100),
+                                legend=dict(orientation="h", yref="container", y=0, yanchor="bottom")))  # under the x title
     fig.add_trace(go.Scatter(x=x, y=t["measured step (ms)"].tolist(), mode="lines+markers", name="measured step",
                              line=dict(color="#4C78A8")))
     fig.add_trace(go.Scatter(x=x, y=t["predicted step (ms)"].tolist(), mode="lines+markers",

@@ -193,10 +193,11 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int 
     legend_rows = -(-(len(group_paths) + 1) // 3)  # about three array paths fit a row
     legend_px = 26 + 22 * legend_rows  # its title and rows
     height = height or 150 + 24 * max_shown + legend_px + 60
-    margin = dict(l=60, r=20, t=80, b=60 + legend_px)
-    below_axis_title = -58 / max(height - margin["t"] - margin["b"], 1)  # in plot fractions: under the x title
+    margin = dict(l=60, r=20, t=80, b=66 + legend_px)
+    # At the figure's bottom edge, in the margin kept for it: clear of the x title at any height (placed in
+    # plot fractions, it lay on the title once a deck resized the figure).
     return figure(traces, {**layout, "barmode": "overlay", "shapes": shapes, "margin": margin,
-                           "legend": dict(orientation="h", x=0, xanchor="left", y=below_axis_title, yanchor="top",
+                           "legend": dict(orientation="h", x=0, xanchor="left", yref="container", y=0, yanchor="bottom",
                                           font=dict(size=11), title=dict(text="arrays of the bucket:", side="top"))},
                   title, height)
 
