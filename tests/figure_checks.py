@@ -65,13 +65,18 @@ def overlaps(a: dict, b: dict, slack: float = 1.0) -> bool:
             and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack)
 
 
+def centre(box: dict) -> tuple[float, float]:
+    """The centre of a box: also the centre of the turned text whose upright box it is."""
+    return (box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2
+
+
 def collide(a: dict, b: dict, slack: float = 1.0) -> bool:
     """Two texts on each other. Texts turned by the same angle (tick labels at 30 degrees) are compared in
     their own frame: their upright boxes overlap where the turned letters do not."""
     if a.get("angle") and a.get("angle") == b.get("angle"):
         t = math.radians(a["angle"])
-        dx = (b["box"]["x0"] + b["box"]["x1"] - a["box"]["x0"] - a["box"]["x1"]) / 2
-        dy = (b["box"]["y0"] + b["box"]["y1"] - a["box"]["y0"] - a["box"]["y1"]) / 2
+        (ax, ay), (bx, by) = centre(a["box"]), centre(b["box"])
+        dx, dy = bx - ax, by - ay
         along, across = dx * math.cos(t) + dy * math.sin(t), -dx * math.sin(t) + dy * math.cos(t)
         return ((a["w"] + b["w"]) / 2 - abs(along) > slack) and ((a["h"] + b["h"]) / 2 - abs(across) > slack)
     return overlaps(a["box"], b["box"], slack)
@@ -83,7 +88,7 @@ def covered(t: dict, box: dict, slack: float = 4.0) -> bool:
     if not t.get("angle"):
         return overlaps(t["box"], box, slack)
     a = math.radians(t["angle"])
-    cx, cy = (t["box"]["x0"] + t["box"]["x1"]) / 2, (t["box"]["y0"] + t["box"]["y1"]) / 2
+    cx, cy = centre(t["box"])
     points = [(cx + s * t["w"] / 2 * math.cos(a), cy + s * t["w"] / 2 * math.sin(a)) for s in (k / 4 - 1 for k in range(9))]
     return any(box["x0"] + 1 < x < box["x1"] - 1 and box["y0"] + 1 < y < box["y1"] - 1 for x, y in points)
 
@@ -124,7 +129,8 @@ def fractional_steps(name: str, seen: dict) -> list[str]:
 
 def problems(name: str, seen: dict) -> list[str]:
     """Sentences naming each text outside the figure, each pair of overlapping labels, each empty cell, each
-    annotation on a bar, each pair of lines one hiding the other unsaid, each fractional step tick."""
+    annotation on a bar, each tick or axis title under the legend, each pair of lines one hiding the other
+    unsaid, each fractional step tick."""
     out = hidden_lines(name, seen) + fractional_steps(name, seen)
     for t in seen["texts"]:
         if t["role"] == "annotation" and any(overlaps(t["box"], bar, slack=1.0) for bar in seen.get("bars", [])):

@@ -144,7 +144,7 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
     least two decades, labelled at each decade.
     """
     runs, curves = loaded.runs, loss_curves(loaded)
-    traces, exact = [], []
+    traces, exact = [], 0  # runs equal to DDP at every step
     for _, run in runs[runs["spec.strategy"] != "ddp"].iterrows():
         twin = ddp_twin(runs, run.run_id)
         if twin is None:
@@ -152,13 +152,12 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
         a = curves[curves.run_id == run.run_id].set_index("step").loss
         b = curves[curves.run_id == twin].set_index("step").loss
         d = (a - b).abs().dropna()
-        if len(d) and (d == 0).all():
-            exact.append(run_label(run))
+        exact += bool(len(d) and (d == 0).all())
         traces.append(dict(type="scatter", x=d.index.tolist(), y=d.clip(lower=DIFF_FLOOR).tolist(), mode="lines+markers",
                            name=run_label(run), line=dict(width=1.5)))
     notes = coincide_note(separate_coinciding(traces))
     if exact:
-        notes.insert(0, f"{len(exact)} of {len(traces)} runs equal DDP exactly at every step (drawn at the floor, "
+        notes.insert(0, f"{exact} of {len(traces)} runs equal DDP exactly at every step (drawn at the floor, "
                         f"{DIFF_FLOOR:.0e})")
     top = max((max(t["y"]) for t in traces if t["y"]), default=DIFF_FLOOR)
     span = [math.log10(DIFF_FLOOR) - 0.5, max(math.log10(top) + 0.5, math.log10(DIFF_FLOOR) + 2)]

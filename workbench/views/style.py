@@ -264,12 +264,10 @@ def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None,
     the first figure with more traces of a kind is an update.
     """
     new = widget_json(fig)
-    padded = _padded(new["data"], _runs(shown["data"]) if shown else slots)
-    if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in padded]:
-        new = {**new, "data": padded}
+    new["data"] = _padded(new["data"], _runs(shown["data"]) if shown else slots)
+    if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in new["data"]]:
         update_figure_widget(fw, new, set(shown["layout"]) if shown else set())
         return new
-    new = {**new, "data": padded}
     edits = [_changed(old, trace) for old, trace in zip(shown["data"], new["data"])]
     layout = _changed(shown["layout"], new["layout"])
     if any(edits) or layout:
