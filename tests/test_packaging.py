@@ -125,3 +125,21 @@ def test_mlx_extra_is_cpu_build_on_linux():
     mlx = [Requirement(x) for x in PYPROJECT["project"]["optional-dependencies"]["mlx"]]
     linux = [r for r in mlx if r.marker.evaluate({"sys_platform": "linux"})]
     assert len(linux) == 1 and linux[0].extras == {"cpu"}
+
+
+def test_a_failed_apt_get_still_runs_the_tests(tmp_path):
+    # No mirror reachable: apt-get fails at once. scripts/test.sh runs under set -e, and its `need` must
+    # say which tests will be skipped and go on to pytest instead of ending the script there.
+    (tmp_path / "apt-get").write_text("#!/bin/sh\necho 'E: no mirror reachable' >&2\nexit 100\n")
+    (tmp_path / "apt-get").chmod(0o755)
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    need = re.search(r"^need\(\) \{\n.*?^\}\n", script, re.S | re.M).group(0)
+    proc = subprocess.run(["bash", "-c", f"set -euo pipefail\n{need}\nneed no-such-tool-xyz 'no-such-package' 'Example'\n"
+                           "echo reached-pytest"], capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert "the Example tests will be skipped" in proc.stdout and "reached-pytest" in proc.stdout
+
+
+def test_the_test_command_prints_the_slowest_tests():
+    assert re.search(r"^python3 -m pytest --durations=25 ", (ROOT / "scripts" / "test.sh").read_text(), re.M)
