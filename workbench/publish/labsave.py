@@ -87,12 +87,14 @@ def normalise_notebook(path: Path) -> int:
     returns the number of figure snapshots added."""
     import nbformat
 
+    from workbench.publish.static import write_atomic
+
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     added = save_as_lab_would(nb)
     text = nbformat.writes(nb) + "\n"
     if text != path.read_text(encoding="utf-8"):
-        path.write_text(text, encoding="utf-8")
+        write_atomic(path, text)  # a full disk leaves the notebook as it was
     return added
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from workbench.publish.reveal import (
     plotly_js,
     remote_loads,
 )
-from workbench.publish.static import SLIDE_HEIGHT, SLIDE_WIDTH, export_pdf, write_figures
+from workbench.publish.static import SLIDE_HEIGHT, SLIDE_WIDTH, export_pdf, write_atomic, write_figures
 
 VENDOR_DIR = paths.VENDOR_DIR / "slides"
 DECK_NOTEBOOK = paths.NOTEBOOK_DIR / "00_design_review.ipynb"
@@ -193,7 +192,7 @@ def _copy_assets(out_dir: Path, names: Iterable[str], theme: str) -> None:
             raise FileNotFoundError(f"{name} is not among the vendored files in {VENDOR_DIR} (see its MANIFEST.json).")
         dest = out_dir / ASSETS / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(VENDOR_DIR / name, dest)
+        write_atomic(dest, (VENDOR_DIR / name).read_bytes())
 
 
 def _check_theme(theme: str) -> None:
@@ -257,7 +256,7 @@ def export_slides(notebook: Path | str, out_dir: Path | str, *, execute: bool = 
                          "(an output made by a CDN-linked renderer? re-run it with plotly's default renderer)")
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path = out_dir / f"{notebook.stem}.slides.html"
-    html_path.write_text(body, encoding="utf-8")
+    write_atomic(html_path, body)
     _copy_assets(out_dir, _CORE_ASSETS + (_WIDGET_ASSETS if keeps_widgets else ()), theme)
     deck_bytes = html_path.stat().st_size + sum(p.stat().st_size for p in (out_dir / ASSETS).rglob("*") if p.is_file())
     written: tuple[Path, ...] = ()

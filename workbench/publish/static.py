@@ -1,11 +1,15 @@
-"""Static exports through Chromium: each figure as PNG and SVG (kaleido), and the deck as PDF (playwright)."""
+"""Static exports through Chromium: each figure as PNG and SVG (kaleido), and the deck as PDF (playwright);
+and the atomic writes every output of a build goes through (:func:`write_atomic`, :func:`replace_atomic`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import os
 import re
+import secrets
 import shutil
 from pathlib import Path
 from typing import Mapping
@@ -18,6 +22,81 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 
 CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+class WriteError(OSError):
+    """An output could not be written (a full disk, say). ``filename`` names it, ``errno`` says why; whatever
+    was at that path before is left as it was (``kept`` tells whether there was a file)."""
+
+    def __init__(self, path: Path, err: OSError, kept: bool):
+        super().__init__(err.errno, err.strerror or str(err), str(path))
+        self.kept = kept
+
+    def __str__(self) -> str:
+        return (f"could not write {self.filename}: {self.strerror}"
+                + (" (the earlier file there is kept)" if self.kept else " (nothing was left there)"))
+
+
+def temp_beside(path: Path) -> Path:
+    """A fresh hidden name in ``path``'s folder with ``path``'s suffix (writers such as kaleido read the
+    format from it): where an output is written before :func:`replace_atomic` puts it in place."""
+    return path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{path.suffix}")
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # makes the rename itself durable (POSIX only)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def replace_atomic(tmp: Path, path: Path, *, shown: Path | None = None) -> Path:
+    """Flush ``tmp`` (a file written beside ``path``) to disk and rename it over ``path``: a reader, or a
+    crash, sees the old file or the new one, never part of one. ``tmp`` is removed whatever happens.
+    Returns ``shown`` (the name the caller gave, default ``path``).
+
+    Raises:
+        WriteError: naming ``shown``, when the flush or the rename fails.
+    """
+    shown = Path(path if shown is None else shown)
+    try:
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise WriteError(shown, err, kept=Path(path).is_file()) from err
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    _fsync_dir(Path(path).parent)
+    return shown
+
+
+def write_atomic(path: Path | str, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` through a temporary file in the same folder, fsync and
+    ``os.replace``: on a full disk the file at ``path`` is the earlier one, intact, or none, never a
+    truncated one. A symlink is followed (its target is replaced); an existing file keeps its mode,
+    a new one gets ``0o666`` less the umask. Returns ``path`` as given.
+
+    Raises:
+        WriteError: naming ``path``, with the reason (``errno.ENOSPC``: no space left on the device).
+    """
+    shown, target = Path(path), Path(os.path.realpath(path))
+    body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    tmp = temp_beside(target)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            with contextlib.suppress(FileNotFoundError):
+                os.fchmod(f.fileno(), target.stat().st_mode & 0o7777)
+            f.write(body)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WriteError(shown, err, kept=target.is_file()) from err
+    return replace_atomic(tmp, target, shown=shown)
 
 
 def find_chromium() -> str:
@@ -68,11 +147,18 @@ def write_figures(figures: list[tuple[int, dict]], folder: Path, formats: tuple[
         for fmt in formats:
             figs.append(fig)
             paths.append(folder / f"{stem}.{fmt}")
-    with scoped_env(BROWSER_PATH=chromium):  # kaleido's browser finder (choreographer) reads it
-        pio.write_images(figs, paths, width=width, height=height, scale=scale, validate=False)
-    missing = [str(p) for p in paths if not p.is_file() or p.stat().st_size == 0]
-    if missing:
-        raise RuntimeError(f"kaleido wrote no image for: {missing}")
+    tmps = [temp_beside(p) for p in paths]
+    try:
+        with scoped_env(BROWSER_PATH=chromium):  # kaleido's browser finder (choreographer) reads it
+            pio.write_images(figs, tmps, width=width, height=height, scale=scale, validate=False)
+        missing = [str(p) for p, t in zip(paths, tmps) if not t.is_file() or t.stat().st_size == 0]
+        if missing:
+            raise RuntimeError(f"kaleido wrote no image for: {missing}")
+        for tmp, path in zip(tmps, paths):
+            replace_atomic(tmp, path)
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
     return paths
 
 
@@ -81,19 +167,24 @@ def export_pdf(deck_html: Path, pdf: Path | None = None, *, timeout_s: float = 1
     from playwright.sync_api import sync_playwright
 
     pdf = pdf or deck_html.with_suffix(".pdf")
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        try:
-            page = browser.new_page(viewport={"width": SLIDE_WIDTH, "height": SLIDE_HEIGHT})
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:"))
-                       else route.abort())
-            page.goto(deck_html.resolve().as_uri() + "?print-pdf", wait_until="load", timeout=timeout_s * 1000)
-            page.wait_for_function("window.workbenchDeck && window.workbenchDeck.pdfReady",
-                                   timeout=timeout_s * 1000)
-            page.pdf(path=str(pdf), prefer_css_page_size=True, print_background=True)
-        finally:
-            browser.close()
-    return pdf
+    tmp = temp_beside(pdf)
+    try:
+        with sync_playwright() as p:
+            browser = launch_chromium(p)
+            try:
+                page = browser.new_page(viewport={"width": SLIDE_WIDTH, "height": SLIDE_HEIGHT})
+                page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:"))
+                           else route.abort())
+                page.goto(deck_html.resolve().as_uri() + "?print-pdf", wait_until="load", timeout=timeout_s * 1000)
+                page.wait_for_function("window.workbenchDeck && window.workbenchDeck.pdfReady",
+                                       timeout=timeout_s * 1000)
+                page.pdf(path=str(tmp), prefer_css_page_size=True, print_background=True)
+            finally:
+                browser.close()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return replace_atomic(tmp, pdf)
 
 
 def sha256_file(path: Path) -> str:
