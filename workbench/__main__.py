@@ -8,8 +8,11 @@
 ``<out>/slides``, showing which notebook, cell and run it is on (a status line on a terminal, plain
 lines in a log). Runs are stored as they finish: an interrupted build, started again, skips them.
 A failure is one line (notebook, cell, run, error; the traceback goes to ``<out>/logs``), exit 1.
-A mistake in the command (a missing or unreadable notebook, an ``--out`` that cannot be written, an
-unknown ``--theme``) is one line saying what to do, exit 2; ``--debug`` shows any traceback.
+Every output is written atomically: on a full disk the error names the file, and an earlier one stays.
+A mistake in the command (a missing or unreadable notebook, two notebooks of the same name, an
+``--out`` that cannot be written or that another build is using, an unknown ``--theme``) is one line
+saying what to do, exit 2; ``--debug`` shows any traceback. One build at a time holds an ``--out``
+(``<out>/.build.lock``; a refusal names the holder's pid, start and command).
 ``slides`` exports the deck (default) or any notebooks as offline reveal.js decks; ``--static``
 adds each figure as PNG and SVG and the deck as PDF (needs Chromium).
 """
@@ -17,6 +20,7 @@ adds each figure as PNG and SVG and the deck as PDF (needs Chromium).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +32,16 @@ def _deck_line(r) -> str:
 
 
 def _build(args) -> int:
+    from workbench.publish.buildlog import OutInUse, lock_out
+
+    try:
+        with lock_out(args.out, args.command_line):  # two builds on one --out would share progress.jsonl
+            return _build_locked(args)
+    except OutInUse as err:
+        raise UsageError(str(err)) from None
+
+
+def _build_locked(args) -> int:
     import time
 
     from workbench.core.events import format_duration
@@ -59,6 +73,12 @@ def _build(args) -> int:
         printer.close()
         print("workbench build: interrupted. Stored runs are kept; run the same command to continue.", file=sys.stderr)
         return 130
+    except OSError as err:  # the deck could not be written (a full disk): the error names the file
+        printer.close()
+        if args.debug:
+            raise
+        print(f"workbench build failed: {err}", file=sys.stderr)
+        return 1
     printer.close()
     print(f"workbench build: done in {format_duration(time.monotonic() - t0)} -> {args.out}")
     return 0
@@ -86,6 +106,14 @@ def check_arguments(args) -> None:
             reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
             raise UsageError(f"{path} is not a readable notebook ({reason}); restore it, e.g. git checkout -- {path}") \
                 from None
+    if args.command in ("build", "slides"):  # outputs are named by the notebook's stem
+        from workbench.publish.buildlog import refuse_name_clashes
+
+        out = args.out / "html" if args.command == "build" else args.out
+        try:
+            refuse_name_clashes(args.notebooks, out, ".html" if args.command == "build" else ".slides.html")
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     out = getattr(args, "out", None)
     if out is not None:
         try:
@@ -128,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     for command in (slides, refresh):
         command.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["python", "-m", "workbench", *map(str, sys.argv[1:] if argv is None else argv)])
     try:
         check_arguments(args)
         return _dispatch(args)

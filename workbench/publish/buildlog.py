@@ -1,6 +1,8 @@
 """The build side of progress: :class:`ProgressPrinter` follows the events a notebook's kernel
 writes (:mod:`workbench.core.events`) and shows them: one redrawn status line on a terminal, plain
-lines flushed as they happen in a log or CI.
+lines flushed as they happen in a log or CI. And what keeps builds apart: :func:`lock_out` (one build
+per output folder, issue 24 item 16: two builds sharing ``logs/progress.jsonl`` blamed each other's
+runs) and :func:`refuse_name_clashes` (two notebooks that would write the same files, item 17).
 """
 
 from __future__ import annotations
@@ -10,11 +12,75 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from workbench.core.events import format_duration
+from workbench.runs.lock import read_record, this_process, try_flock
+
+#: The lock file a build holds in its ``--out`` folder while it runs.
+OUT_LOCK = ".build.lock"
+
+
+class OutInUse(RuntimeError):
+    """Another live build holds the output folder; the message names its pid, host, start and command."""
+
+
+@contextmanager
+def lock_out(out: Path, command: str):
+    """Hold ``<out>/.build.lock`` (an exclusive ``flock``) for the with block: one build per output folder.
+
+    The kernel lets go of a ``flock`` when its holder dies, however it dies (SIGKILL included), so a
+    build that crashed never blocks the next one. The file records the holder for a refusal to name.
+
+    Args:
+        out: The build's output folder (made if missing).
+        command: The holder's command line, as a refusal shows it.
+
+    Raises:
+        OutInUse: a live process holds the folder.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / OUT_LOCK
+    fd = try_flock(path, {**this_process().as_dict(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                          "command": command})
+    if fd is None:
+        held = read_record(path) or {}
+        who = (f"process {held.get('pid')} on {held.get('host')}, started {held.get('started')}, "
+               f"running `{str(held.get('command'))[:200]}`" if held.get("pid") else "another process")
+        raise OutInUse(f"--out {out} is in use by another build ({who}); wait for it to end or stop it, "
+                       f"or give this build another --out")
+    try:
+        yield path
+    finally:
+        os.close(fd)
+
+
+def refuse_name_clashes(notebooks: list[Path], out: Path, suffix: str = ".html") -> None:
+    """Refuse notebooks that would write the same outputs: the HTML, logs and deck are named by the
+    notebook's stem, so ``a/report.ipynb`` and ``b/report.ipynb`` would overwrite each other's.
+
+    Args:
+        notebooks: The notebooks of one build.
+        out: The folder their outputs go to, ``<out>/<stem><suffix>`` (for the message).
+        suffix: The output's suffix, ``.html`` for a build and ``.slides.html`` for a deck.
+
+    Raises:
+        ValueError: naming both notebooks (or the one named twice) and the file they share.
+    """
+    seen: dict[str, Path] = {}
+    for path in map(Path, notebooks):
+        if path.stem not in seen:
+            seen[path.stem] = path
+            continue
+        first = seen[path.stem]
+        if first.resolve() == path.resolve():
+            raise ValueError(f"{path} is named twice; name each notebook once")
+        raise ValueError(f"{first} and {path} would both write {Path(out) / (path.stem + suffix)} (and the same "
+                         f"logs); rename one, or give each its own --out")
 
 #: A log line about a run's steps at most this often (a terminal redraws twice a second).
 LOG_EVERY_S = 15.0

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from workbench.core import paths
 from workbench.core.events import PROGRESS_ENV
+from workbench.publish.buildlog import refuse_name_clashes
+from workbench.publish.static import WriteError, write_atomic
 
 NOTEBOOK_DIR = paths.NOTEBOOK_DIR
 CDN_PATTERN = re.compile(r'<script[^>]+src="(https?://[^"]+)"')
@@ -218,9 +220,11 @@ def _cell_error(path: Path, nb, cell_index: int | None, err, progress, log_dir: 
         run_text = f", after run {failed[-1].get('run_id')} ({failed[-1].get('label')}) failed"
     log = None
     if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log = log_dir / f"{Path(path).stem}.log"
-        log.write_text(_ANSI.sub("", str(err)), encoding="utf-8")
+        try:  # a full disk loses the traceback file, never the one-line error
+            log_dir.mkdir(parents=True, exist_ok=True)
+            log = write_atomic(log_dir / f"{Path(path).stem}.log", _ANSI.sub("", str(err)))
+        except OSError:
+            pass
     ename = getattr(err, "ename", type(err).__name__)
     if interrupted or ename == "KeyboardInterrupt":
         return BuildError(f"interrupted in {where}{run_text}", notebook=Path(path), cell_index=cell_index,
@@ -253,7 +257,7 @@ def refresh_notebook(path: Path) -> None:
     nb = execute_notebook(path, WORKBENCH_SMALL="1", WORKBENCH_EXPORT="0")
     strip_for_commit(nb)
     save_as_lab_would(nb)
-    nbformat.write(nb, path)
+    write_atomic(path, nbformat.writes(nb) + "\n")  # as nbformat.write; a full disk leaves the notebook as it was
 
 
 def export_html(nb, out: Path) -> int:
@@ -266,7 +270,7 @@ def export_html(nb, out: Path) -> int:
     remote = CDN_PATTERN.findall(html)
     if remote:
         raise RuntimeError(f"Exported {out.name} would load scripts from the network: {remote}")
-    out.write_text(html, encoding="utf-8")
+    write_atomic(out, html)
     return len(html.encode())
 
 
@@ -285,10 +289,12 @@ def build_notebooks(out_dir: Path, notebooks: list[Path] | None = None, *, small
     that is interrupted and started again skips the runs already done.
 
     Raises:
-        BuildError: the first notebook that failed (see :func:`execute_notebook`).
+        BuildError: the first notebook that failed (:func:`execute_notebook`) or whose HTML could not be written.
+        ValueError: two notebooks of the same name (:func:`~workbench.publish.buildlog.refuse_name_clashes`).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = list(notebooks or sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb")))
+    refuse_name_clashes(paths, out_dir)  # two report.ipynb would overwrite each other's HTML and logs
+    out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(WORKBENCH_EXPORT="1", WORKBENCH_SMALL="1" if small else "0", WORKBENCH_FULL="1" if full else "0")
     if progress is not None:
         env[PROGRESS_ENV] = str(progress.path.resolve())  # the kernel runs in the notebook's folder
@@ -303,7 +309,10 @@ def build_notebooks(out_dir: Path, notebooks: list[Path] | None = None, *, small
         nb = execute_notebook(path, progress=progress, log_dir=out_dir.parent / "logs", **env)
         strip_for_commit(nb)  # live widgets need a kernel; their saved state is ~5 MB per FigureWidget
         html = out_dir / (Path(path).stem + ".html")
-        size = export_html(nb, html)
+        try:
+            size = export_html(nb, html)
+        except WriteError as err:  # a full disk: the notebook ran, its HTML (path named) could not be written
+            raise BuildError(f"{_display(path)}: {err}", notebook=Path(path)) from err
         result = BuildResult(Path(path), html, time.perf_counter() - t0, size)
         if progress is not None:
             progress.notebook_end(result.seconds, f"-> {html} ({size / 2**20:.1f} MiB)")

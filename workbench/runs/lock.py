@@ -5,6 +5,7 @@ can be taken means no live process owns the run: a record still marked ``"runnin
 file also holds the owner's pid and host, so a refusal can name them. The descriptor is not inherited
 by child processes (Python opens files non-inheritable), so engines started by the owner never hold it.
 POSIX only (``fcntl``); on a network file system the lock is only as good as its ``flock``.
+:func:`try_flock` is the same lock for any file (``build --out`` holds one, see :mod:`workbench.publish.buildlog`).
 """
 
 from __future__ import annotations
@@ -59,20 +60,11 @@ class RunLock:
         Raises:
             RunLocked: a live process holds it (named from the lock file).
         """
-        import fcntl
-
-        if self.fd is not None:
-            return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            owner = read_owner(self.path)
-            raise RunLocked(self.run_id, owner.pid if owner else None, owner.host if owner else None) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(this_process().as_dict()).encode(), 0)
-        self.fd = fd
+        if self.fd is None:
+            self.fd = try_flock(self.path, this_process().as_dict())
+            if self.fd is None:
+                owner = read_owner(self.path)
+                raise RunLocked(self.run_id, owner.pid if owner else None, owner.host if owner else None)
         return self
 
     def release(self) -> None:
@@ -85,10 +77,44 @@ class RunLock:
         self.release()
 
 
-def read_owner(path: Path) -> Owner | None:
-    """The owner recorded in a lock file, or ``None`` when it holds none (yet)."""
+def try_flock(path: Path, record: dict) -> int | None:
+    """Take an exclusive ``flock`` on the file ``path`` (made if missing) without waiting, and write
+    ``record`` into it as JSON, for a refusal to name the holder.
+
+    Returns:
+        The descriptor that holds the lock (closing it, or the process ending, lets go), or None when
+        another live process holds it.
+    """
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_record(path: Path) -> dict | None:
+    """The JSON object :func:`try_flock` wrote into a lock file, or None (none yet, unreadable, not JSON)."""
     try:
         data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_owner(path: Path) -> Owner | None:
+    """The owner recorded in a lock file, or ``None`` when it holds none (yet)."""
+    data = read_record(path)
+    try:
         return Owner(pid=int(data["pid"]), host=str(data["host"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return None
