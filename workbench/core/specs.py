@@ -104,8 +104,8 @@ class ParamSpec:
 
     @property
     def size(self) -> int:
-        """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        """Number of elements (a Python int)."""
+        return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:
@@ -127,13 +127,17 @@ class ModelSpec:
         params: The parameters, in the framework's flatten order.
 
     Raises:
-        ValueError: on a duplicate path (named in the message).
+        ValueError: on a duplicate path (named in the message), or on parameters whose bytes in all
+            do not fit in int64 (planners sum and offset bytes as int64; each array alone is checked
+            by :class:`ParamSpec`).
     """
 
     name: str
     params: tuple[ParamSpec, ...]
     _sizes: np.ndarray = field(init=False, repr=False, compare=False)
     _itemsizes: np.ndarray = field(init=False, repr=False, compare=False)
+    _num_params: int = field(init=False, repr=False, compare=False)
+    _nbytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         params = tuple(self.params)
@@ -148,8 +152,15 @@ class ModelSpec:
                     f"(positions {seen[p.path]} and {i}, shapes {params[seen[p.path]].shape} and {p.shape})."
                 )
             seen[p.path] = i
+        sizes = [p.size for p in params]
+        nbytes = sum(size * p.itemsize for size, p in zip(sizes, params))  # Python ints: exact past 2**63
+        if nbytes >= 2**63:
+            raise ValueError(f"ModelSpec '{self.name}' holds {nbytes:,} bytes in {len(params):,} parameters: the total "
+                             f"does not fit in int64 (at most {2**63 - 1:,}), in which planners sum bytes.")
+        object.__setattr__(self, "_num_params", sum(sizes))
+        object.__setattr__(self, "_nbytes", nbytes)
         object.__setattr__(self, "params", params)
-        object.__setattr__(self, "_sizes", np.array([p.size for p in params], dtype=np.int64))
+        object.__setattr__(self, "_sizes", np.array(sizes, dtype=np.int64))
         object.__setattr__(self, "_itemsizes", np.array([p.itemsize for p in params], dtype=np.int64))
 
     @classmethod
@@ -208,13 +219,13 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Total number of elements (the model's parameter count)."""
-        return int(self._sizes.sum())
+        """Total number of elements (the model's parameter count), summed in Python ints."""
+        return self._num_params
 
     @property
     def nbytes(self) -> int:
-        """Total bytes of all parameters."""
-        return int((self._sizes * self._itemsizes).sum())
+        """Total bytes of all parameters, summed in Python ints (below 2**63 by construction)."""
+        return self._nbytes
 
     def with_dtype(self, dtype: object) -> "ModelSpec":
         """The same shapes, every parameter in ``dtype``."""
