@@ -10,7 +10,11 @@ Paths, shapes and order follow :mod:`workbench.core.presets` (see
 Never guessing: an unsupported ``model_type``, a missing or malformed required field, or a field
 that would change shapes in a way the builder does not build raises a ``ValueError`` naming the
 field and the file. Fields that change no parameter shape (activations, RoPE scaling, sliding
-windows, ``pretraining_tp``, dropout, token ids) are not read.
+windows, ``pretraining_tp``, dropout, token ids) are not read. A hostile file fails fast, naming
+what is wrong (see :mod:`workbench.core.checks` for the bounds): over :data:`MAX_CONFIG_BYTES`,
+nested past ``MAX_JSON_DEPTH``, an integer of over ``MAX_JSON_INT_DIGITS`` digits, a key given
+twice, more than ``MAX_NUM_LAYERS`` layers or ``MAX_NUM_EXPERTS`` experts, more than
+``MAX_NUM_ARRAYS`` parameter arrays, or more than ``MAX_NUM_PARAMS`` parameters.
 
 What is counted, per ``transformers`` (``sum(p.numel() for p in model.parameters())``): tied
 embeddings once; buffers never. Two documented choices:
@@ -34,10 +38,15 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from workbench.core.hf_families import FAMILIES, HFFields
+from workbench.core.checks import MAX_NUM_PARAMS, loads_bounded, shown
+from workbench.core.hf_families import FAMILIES, HFFields, Rows
 from workbench.core.specs import ModelSpec, ParamSpec, canonical_dtype
+from workbench.core.units import MiB
 
-__all__ = ["SHAPE_FIELDS", "SUPPORTED_MODEL_TYPES", "load_hf_config", "spec_from_hf_config"]
+__all__ = ["MAX_CONFIG_BYTES", "SHAPE_FIELDS", "SUPPORTED_MODEL_TYPES", "load_hf_config", "spec_from_hf_config"]
+
+#: The largest ``config.json`` read, in bytes (published ones are under 100 KiB).
+MAX_CONFIG_BYTES = 16 * MiB
 
 #: The ``model_type`` values :func:`spec_from_hf_config` builds.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
@@ -73,7 +82,8 @@ def load_hf_config(config: str | os.PathLike | Mapping[str, object]) -> tuple[di
         ``(config_dict, where)``: ``where`` is the file path, or ``"config dict"``.
 
     Raises:
-        ValueError: if the file is missing or is not a JSON object; the message names the file.
+        ValueError: if the file is missing, unreadable, over :data:`MAX_CONFIG_BYTES`, not a JSON
+            object, or refused by :func:`~workbench.core.checks.loads_bounded`; the message names the file.
     """
     if isinstance(config, Mapping):
         return dict(config), "config dict"
@@ -85,9 +95,17 @@ def load_hf_config(config: str | os.PathLike | Mapping[str, object]) -> tuple[di
     if not path.is_file():
         raise ValueError(f"{path}: no such config file.")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err}).") from err
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes, which no config.json is.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err}).") from err
+    raw = loads_bounded(text, str(path))
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: holds a JSON {type(raw).__name__}, not an object of config fields.")
     return raw, str(path)
@@ -102,10 +120,12 @@ def _config_dtype(f: HFFields, override: object) -> str:
         value = f.raw.get(key)
         if value is None:
             continue
+        if not isinstance(value, str):
+            raise f.error(key, f"must be a dtype name such as \"bfloat16\", got {shown(value)}.")
         try:
             found[key] = canonical_dtype(value)
         except ValueError as err:
-            raise f.error(key, f"= {value!r} is not a dtype the workbench knows ({err}).") from err
+            raise f.error(key, f"= {shown(value)} is not a dtype the workbench knows ({err}).") from err
     if not found:
         raise f.error("torch_dtype", "(or 'dtype') is absent, so the parameters' dtype is unknown; "
                                      "pass dtype=..., e.g. dtype='bfloat16'.")
@@ -123,20 +143,43 @@ def _check_honoured(f: HFFields, model_type: str, reads: frozenset[str]) -> None
         if key in reads or value is None or any(value == n and type(value) is type(n) for n in neutral):
             continue
         allowed = ", ".join(["absent", "null"] + [json.dumps(n) for n in neutral])
-        raise f.error(key, f"= {value!r} changes parameter shapes, and the {model_type!r} builder cannot "
+        raise f.error(key, f"= {shown(value)} changes parameter shapes, and the {model_type!r} builder cannot "
                            f"honour it (accepted here: {allowed}).")
-    layer_types = f.raw.get("layer_types")
-    if layer_types is not None:
-        kinds = {str(t) for t in layer_types} if isinstance(layer_types, list) else {repr(layer_types)}
-        odd = sorted(kinds - _PLAIN_LAYER_TYPES)
-        if odd:
-            raise f.error("layer_types", f"holds {odd}; only {sorted(_PLAIN_LAYER_TYPES)} layers (same shapes) "
-                                         "are built.")
-    heads = f.raw.get("architectures") or []
-    odd_heads = [a for a in heads if not (isinstance(a, str) and a.endswith(_LM_HEAD_SUFFIXES))]
+    layer_types = _names(f, "layer_types")
+    odd = sorted(set(layer_types) - _PLAIN_LAYER_TYPES)
+    if odd:
+        raise f.error("layer_types", f"holds {shown(odd)}; only {sorted(_PLAIN_LAYER_TYPES)} layers (same shapes) "
+                                     "are built.")
+    odd_heads = [a for a in _names(f, "architectures") if not a.endswith(_LM_HEAD_SUFFIXES)]
     if odd_heads:
-        raise f.error("architectures", f"names {odd_heads}: only causal-LM heads (…ForCausalLM, …LMHeadModel) "
-                                       "are built; another head has other parameters.")
+        raise f.error("architectures", f"names {shown(odd_heads)}: only causal-LM heads (…ForCausalLM, "
+                                       "…LMHeadModel) are built; another head has other parameters.")
+
+
+def _names(f: HFFields, key: str) -> list[str]:
+    """A list of strings (``[]`` when absent or null); a lone string is refused, not read letter by letter."""
+    value = f.raw.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise f.error(key, f"must be a list of strings, got {shown(value)}.")
+    return value
+
+
+def _check_total(f: HFFields, rows: Rows) -> None:
+    """Raise if ``rows`` hold more than :data:`~workbench.core.checks.MAX_NUM_PARAMS` elements in all."""
+    total, largest, largest_size = 0, "", -1
+    for path, shape in rows:
+        size = 1
+        for dim in shape:
+            size *= dim
+        total += size
+        if size > largest_size:
+            largest, largest_size = path, size
+    if total > MAX_NUM_PARAMS:
+        sizes = ", ".join(f"{k} = {v:,}" for k, v in f.counts.items())
+        raise ValueError(f"{f.where}: fields {sizes} make {total:,} parameters ({largest} alone {largest_size:,}), "
+                         f"more than {MAX_NUM_PARAMS:,} (the bound).")
 
 
 def spec_from_hf_config(
@@ -168,18 +211,24 @@ def spec_from_hf_config(
     Raises:
         ValueError: on an unsupported ``model_type``; a missing or malformed required field; a
             shape-changing field the builder cannot honour (:data:`SHAPE_FIELDS`, ``layer_types``,
-            a non-causal-LM ``architectures`` entry); an unknown or missing dtype; or
-            ``include_mtp`` for a config without MTP layers. The message names the field and the file.
+            a non-causal-LM ``architectures`` entry); an unknown or missing dtype;
+            ``include_mtp`` for a config without MTP layers; or a size past a bound of
+            :mod:`workbench.core.checks` (``MAX_NUM_LAYERS`` = 4,096 layers, ``MAX_NUM_EXPERTS`` =
+            4,096 experts, ``MAX_NUM_ARRAYS`` = 2**18 arrays, ``MAX_NUM_PARAMS`` = 10**15 parameters,
+            ``MAX_CONFIG_SIZE`` = 2**40 for any other size field), refused before it is built. The
+            message names the field and the file.
     """
     raw, where = load_hf_config(config)
     f = HFFields(raw, where)
     model_type = raw.get("model_type")
     if model_type is None:
         raise f.error("model_type", "is required and absent: it picks the architecture.")
+    if not isinstance(model_type, str):
+        raise f.error("model_type", f"must be a string such as \"llama\", got {shown(model_type)}.")
     if model_type not in FAMILIES:
         hint = " (a multimodal config: pass its 'text_config' dict if that is a supported text model)" \
             if isinstance(raw.get("text_config"), Mapping) else ""
-        raise f.error("model_type", f"= {model_type!r} is not supported{hint}; supported: "
+        raise f.error("model_type", f"= {shown(model_type)} is not supported{hint}; supported: "
                                     f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
     if include_mtp and model_type != "deepseek_v3":
         raise f.error("model_type", f"= {model_type!r} has no multi-token-prediction layers; include_mtp "
@@ -187,9 +236,12 @@ def spec_from_hf_config(
     family = FAMILIES[model_type]
     _check_honoured(f, model_type, family.reads)
     param_dtype = _config_dtype(f, dtype)
+    if not isinstance(raw.get("_name_or_path", ""), (str, type(None))):
+        raise f.error("_name_or_path", f"must be a string, got {shown(raw['_name_or_path'])}.")
     rows = family.build(f, include_mtp)
     if not f.flag("tie_word_embeddings", family.tie_default):
         rows.append(("lm_head.weight", (f.count("vocab_size"), f.count(family.width_key))))
+    _check_total(f, rows)
     if name is None:
         name = raw.get("_name_or_path") or None
         if name is None and where != "config dict":

@@ -13,7 +13,9 @@ experts are ``...experts.{e}.`` so :func:`~workbench.core.presets.is_expert_para
 The LM head (``lm_head.weight``) is added by the caller when embeddings are untied. Buffers
 (rotary ``inv_freq``, GPT-2's causal ``attn.bias``) are not parameters and are left out.
 
-Standard library only; every error is a ``ValueError`` naming the field and the file.
+No config makes a builder run for minutes or out of memory (10**6 layers or 10**7 experts would):
+the bounds of :mod:`workbench.core.checks` apply. The workbench core only; every error is a
+``ValueError`` naming the field and the file.
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from workbench.core.checks import MAX_CONFIG_SIZE, MAX_NUM_ARRAYS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BoundedList, shown
+
 Rows = list[tuple[str, tuple[int, ...]]]
 
 _REQUIRED = object()
+#: Fields bounded below :data:`~workbench.core.checks.MAX_CONFIG_SIZE`.
+_BOUNDS = {"num_hidden_layers": MAX_NUM_LAYERS, "n_layer": MAX_NUM_LAYERS, "num_nextn_predict_layers": MAX_NUM_LAYERS,
+           "num_local_experts": MAX_NUM_EXPERTS, "num_experts": MAX_NUM_EXPERTS, "n_routed_experts": MAX_NUM_EXPERTS,
+           "n_shared_experts": MAX_NUM_EXPERTS}
 
 
 class HFFields:
@@ -37,6 +45,8 @@ class HFFields:
     def __init__(self, raw: Mapping[str, object], where: str) -> None:
         self.raw = raw
         self.where = where
+        self.counts: dict[str, int] = {}  # every count read, for messages about totals
+        self._indices: dict[str, frozenset[int]] = {}
 
     def error(self, key: str, message: str) -> ValueError:
         """A ``ValueError`` naming ``key`` and the file."""
@@ -48,19 +58,39 @@ class HFFields:
         Args:
             key: Field name.
             default: Value when the field is absent or null; required when not given.
-            minimum: Smallest accepted value.
+            minimum: Smallest accepted value; the largest is ``MAX_NUM_LAYERS`` for a layer count,
+                ``MAX_NUM_EXPERTS`` for an expert count, else ``MAX_CONFIG_SIZE`` (:mod:`~workbench.core.checks`).
 
         Raises:
-            ValueError: if the field is required and absent, not an integer, or below ``minimum``.
+            ValueError: if required and absent, not an integer (4096.0, true, "4096" are not), or out of bounds.
         """
         value = self.raw.get(key)
         if value is None:
             if default is _REQUIRED:
                 raise self.error(key, "is required and absent (or null).")
             return default  # type: ignore[return-value]
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(key, f"must be an integer >= {minimum}, got {value!r}.")
+        maximum = _BOUNDS.get(key, MAX_CONFIG_SIZE)
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise self.error(key, f"must be an integer from {minimum} to {maximum:,}, got {shown(value)}.")
+        self.counts[key] = value
         return value
+
+    def indices(self, key: str) -> frozenset[int]:
+        """A list of layer indices (empty when absent or null), checked once; a ValueError if it is not one."""
+        if key not in self._indices:
+            value = self.raw.get(key) or []
+            if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+                raise self.error(key, f"must be a list of layer indices, got {shown(value)}.")
+            self._indices[key] = frozenset(value)
+        return self._indices[key]
+
+    def rows(self, *first: tuple[str, tuple[int, ...]]) -> Rows:
+        """Rows (``first`` to begin with) that raise once ``+=`` (a layer) makes them over ``MAX_NUM_ARRAYS``."""
+        def error() -> ValueError:
+            sizes = ", ".join(f"{k} = {v:,}" for k, v in self.counts.items() if k in _BOUNDS)
+            return ValueError(f"{self.where}: fields {sizes} make more than {MAX_NUM_ARRAYS:,} parameter arrays "
+                              "(the bound; DeepSeek-V3 has 45,395).")
+        return BoundedList(first, MAX_NUM_ARRAYS, error)
 
     def flag(self, key: str, default: bool) -> bool:
         """A boolean field; ``default`` when absent or null.
@@ -72,7 +102,7 @@ class HFFields:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, got {value!r}.")
+            raise self.error(key, f"must be true or false, got {shown(value)}.")
         return value
 
 
@@ -125,7 +155,7 @@ def _decoder(f: HFFields, *, bias: str = "", mlp_bias: bool = False, qk_norm: bo
     o_bias = f.flag("attention_bias", False) if bias == "attention_bias" else False
     qkv_bias = o_bias or bias == "qkv"
     ffn_bias = f.flag("mlp_bias", False) if mlp_bias else False
-    rows: Rows = [("model.embed_tokens.weight", (vocab, d))]
+    rows = f.rows(("model.embed_tokens.weight", (vocab, d)))
     for i in range(n_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
@@ -155,18 +185,15 @@ def _ffn(f: HFFields, moe: str, i: int, p: str, d: int, bias: bool) -> Rows:
 
 def _qwen3_moe_sparse(f: HFFields, i: int) -> bool:
     """Qwen3-MoE's rule: sparse unless in ``mlp_only_layers``, with experts, every ``decoder_sparse_step``-th layer."""
-    only = f.raw.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in only):
-        raise f.error("mlp_only_layers", f"must be a list of layer indices, got {only!r}.")
     step = f.count("decoder_sparse_step", default=1)
-    return i not in only and f.count("num_experts", minimum=0) > 0 and (i + 1) % step == 0
+    return i not in f.indices("mlp_only_layers") and f.count("num_experts", minimum=0) > 0 and (i + 1) % step == 0
 
 
 def _phi3(f: HFFields) -> Rows:
     """Phi-3: fused ``qkv_proj`` (after ``o_proj``, as ``Phi3Attention.__init__`` assigns them) and ``gate_up_proj``."""
     d, nh, nkv, hd = attention_dims(f)
     vocab, n_layers, width = f.count("vocab_size"), f.count("num_hidden_layers"), f.count("intermediate_size")
-    rows: Rows = [("model.embed_tokens.weight", (vocab, d))]
+    rows = f.rows(("model.embed_tokens.weight", (vocab, d)))
     for i in range(n_layers):
         p = f"model.layers.{i}."
         rows += _linear(p + "self_attn.o_proj", d, nh * hd) + _linear(p + "self_attn.qkv_proj", (nh + 2 * nkv) * hd, d)
@@ -187,7 +214,7 @@ def _gpt2(f: HFFields) -> Rows:
     if d % heads:
         raise f.error("n_head", f"({heads}) must divide n_embd ({d}).")
     width = f.count("n_inner", default=4 * d)
-    rows: Rows = [("transformer.wte.weight", (vocab, d)), ("transformer.wpe.weight", (n_pos, d))]
+    rows = f.rows(("transformer.wte.weight", (vocab, d)), ("transformer.wpe.weight", (n_pos, d)))
     for i in range(n_layers):
         p = f"transformer.h.{i}."
         rows += _affine(p + "ln_1", (d,), d) + _affine(p + "attn.c_attn", (d, 3 * d), 3 * d)
@@ -208,8 +235,8 @@ def _deepseek_v3(f: HFFields, include_mtp: bool = False) -> Rows:
     f.count("num_key_value_heads", default=nh)  # MLA: checked, but no shape depends on it
     dense, n_exp = f.count("first_k_dense_replace", default=0, minimum=0), f.count("n_routed_experts")
     moe_width, n_shared = f.count("moe_intermediate_size"), f.count("n_shared_experts", default=0, minimum=0)
-    if f.raw.get("topk_method", "noaux_tc") != "noaux_tc":
-        raise f.error("topk_method", f"= {f.raw['topk_method']!r}: only 'noaux_tc' (router with "
+    if f.raw.get("topk_method") not in (None, "noaux_tc"):
+        raise f.error("topk_method", f"= {shown(f.raw['topk_method'])}: only 'noaux_tc' (router with "
                                      "e_score_correction_bias) is a deepseek_v3 router.")
 
     def layer(i: int) -> Rows:
@@ -230,7 +257,7 @@ def _deepseek_v3(f: HFFields, include_mtp: bool = False) -> Rows:
             rows += _glu(p + "mlp.shared_experts.", d, moe_width * n_shared) if n_shared else []
         return rows + _norm(p + "input_layernorm", d) + _norm(p + "post_attention_layernorm", d)
 
-    rows: Rows = [("model.embed_tokens.weight", (vocab, d))]
+    rows = f.rows(("model.embed_tokens.weight", (vocab, d)))
     for i in range(n_layers):
         rows += layer(i)
     rows += _norm("model.norm", d)
