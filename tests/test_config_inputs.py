@@ -16,7 +16,7 @@ import pytest
 
 from workbench.core.checks import MAX_JSON_DEPTH, MAX_NUM_ARRAYS, MAX_NUM_PARAMS, loads_bounded
 from workbench.core.hf_config import MAX_CONFIG_BYTES, load_hf_config, spec_from_hf_config
-from workbench.core.resolve import resolve_architecture
+from workbench.core.resolve import resolve_architecture, resolve_spec
 from workbench.core.specs import ModelSpec, ParamSpec
 
 DATA = Path(__file__).parent / "data" / "hf_configs"
@@ -194,3 +194,12 @@ def test_brackets_inside_strings_do_not_count_as_nesting_and_published_configs_l
     assert loads_bounded('{"a": -' + "9" * 100 + "}")["a"] == -int("9" * 100)
     for path in sorted(DATA.glob("*.json")):
         assert load_hf_config(path) == (json.loads(path.read_text()), str(path))
+
+
+def test_a_path_the_system_cannot_look_up_is_a_value_error_not_an_oserror():
+    long_name = "config" * 1000 + ".json"  # past NAME_MAX: is_file() raised OSError ENAMETOOLONG
+    with pytest.raises(ValueError, match=r"^'configconfig.*\.json': cannot be read \(File name too long\)"):
+        spec_from_hf_config(long_name)
+    for resolve in (resolve_spec, resolve_architecture):
+        with pytest.raises(ValueError, match=r"^model: 'configconfig.*' cannot be read"):
+            resolve(long_name)

@@ -90,15 +90,15 @@ def load_hf_config(config: str | os.PathLike | Mapping[str, object]) -> tuple[di
     if not isinstance(config, (str, os.PathLike)):
         raise ValueError(f"config must be a config.json path or a dict, got {type(config).__name__}.")
     path = Path(config)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{path}: no such config file.")
-    try:
+    try:  # is_dir and is_file raise on a name too long, or in a folder that may not be searched
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ValueError(f"{path}: no such config file.")
         with path.open("rb") as file:
             data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
-        raise ValueError(f"{path}: cannot be read ({err.strerror or err}).") from err
+        raise ValueError(f"{shown(str(path))}: cannot be read ({err.strerror or err}).") from err
     if len(data) > MAX_CONFIG_BYTES:
         raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes, which no config.json is.")
     try:

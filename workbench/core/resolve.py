@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from workbench.core.architecture import ArchitectureConfig, architecture_from_hf_config
+from workbench.core.checks import shown
 from workbench.core.hf_config import spec_from_hf_config
 from workbench.core.presets import PRESETS, build_spec, list_presets
 from workbench.core.specs import ModelSpec
@@ -42,8 +43,11 @@ def _config_source(model: object, argument: str) -> str | os.PathLike | Mapping[
         return None
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
-            return model
+        try:
+            if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
+                return model
+        except OSError as err:  # a name too long, or a folder that may not be searched
+            raise ValueError(f"{argument}: {shown(str(path))} cannot be read ({err.strerror or err}).") from err
         if path.is_dir():
             raise ValueError(f"{argument}: the folder {str(path)!r} holds no config.json.")
         if isinstance(model, str) and not (model.endswith(".json") or os.sep in model or "/" in model):
