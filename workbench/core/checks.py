@@ -116,7 +116,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _too_deep(text: str) -> str | None:
+def json_too_deep(text: str) -> str | None:
     """Why ``text`` nests past :data:`MAX_JSON_DEPTH` (naming its top-level field), or ``None``."""
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # the common case: no scan needed
         return None
@@ -159,7 +159,7 @@ def loads_bounded(text: str | bytes, where: str = "JSON") -> Any:
         ValueError: starting with ``where`` and naming the field at fault where there is one.
     """
     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-    deep = _too_deep(text)
+    deep = json_too_deep(text)
     if deep:
         raise ValueError(f"{where}: {deep}")
     long_ints: list[_LongInt] = []

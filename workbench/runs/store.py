@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from workbench.core.checks import MAX_JSON_DEPTH, json_too_deep
 from workbench.runs.lock import RunLock, read_owner, this_process
 
 RECORD_FILE = "record.json"
@@ -45,29 +46,15 @@ RESERVED_KEYS = ("run_id", "spec", "status", "error", "failed_rank", "summary", 
                  "created_at", "updated_at", "finished_at")
 #: Folder of a run's earlier attempts, one subfolder per attempt number.
 ATTEMPTS_DIR = "attempts"
-#: Nesting deeper than this in a record or a step row is refused (JSON that deep is never ours, and
-#: Python's parser would raise RecursionError on it).
-MAX_JSON_DEPTH = 64
 
 
 def loads_bounded(text: str | bytes) -> Any:
-    """``json.loads`` that refuses nesting deeper than :data:`MAX_JSON_DEPTH` with a ValueError."""
+    """``json.loads`` that refuses nesting deeper than :data:`MAX_JSON_DEPTH` with a ValueError
+    (records and step lines are read often: no per-key or per-integer hook, unlike a config's loader)."""
     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # the common case: no scan needed
-        return json.loads(text)
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-        elif ch in "]}":
-            depth -= 1
+    deep = json_too_deep(text)
+    if deep:
+        raise ValueError(deep)
     return json.loads(text)
 
 
