@@ -130,3 +130,43 @@ def test_a_file_shorter_than_one_window_names_the_file(files):
         args = dict(step=0, global_batch=2, seq_len=4, seed=0) | kwargs
         with pytest.raises(ValueError, match=name):
             sample_batch(f, args["step"], args["global_batch"], args["seq_len"], seed=args["seed"])
+
+
+def test_a_file_with_an_llmc_magic_must_match_its_header_or_is_refused_naming_the_file(tmp_path):
+    """Issue 24, item 7: an llm.c file 4 bytes short was read as raw uint16, header and all, and trained on."""
+    whole = tmp_path / "whole.bin"
+    write_llmc(whole, U16, 20240520, 1)
+    data = whole.read_bytes()
+    cases = {"short.bin": (data[:-4], r"short\.bin: its llm\.c header announces 5000 uint16 tokens, 11024 bytes .* "
+                                      r"holds 11020 bytes \(-4\)"),
+             "padded.bin": (data + b"\0\0", r"padded\.bin: .* holds 11026 bytes \(\+2\)"),
+             "stub.bin": (data[:512], r"stub\.bin: starts with the llm\.c magic 20240520 but holds 512 bytes"),
+             "version.bin": (data[:4] + np.int32(7).tobytes() + data[8:], r"version\.bin: .* says version 7")}
+    for name, (content, match) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        for dtype in (None, "uint16"):  # an explicit dtype does not make a damaged header raw
+            with pytest.raises(ValueError, match=match):
+                load_token_file(tmp_path / name, dtype=dtype)
+
+
+def test_a_dtype_the_tokens_contradict_is_refused_naming_the_file_and_the_dtype(files):
+    """Issue 24, item 7: uint32 tokens read as uint16 (every second token 0), or uint16 read as uint32."""
+    with pytest.raises(ValueError, match=r"train32\.bin: read as uint16, 100% of every second token is below 4 .* "
+                                         r"pass dtype='uint32'"):
+        load_token_file(files["u32"])
+    small = files["u32"].parent / "bytes32.bin"  # byte tokens in uint32: as uint16 all in range, half of them 0
+    (U32 % 256).astype(np.uint32).tofile(small)
+    with pytest.raises(ValueError, match=r"bytes32\.bin: read as uint16.* pass dtype='uint32'"):
+        load_token_file(small, vocab_size=256)
+    with pytest.raises(ValueError, match=r"train\.bin: read as uint32, 100% of its first 2500 tokens are >= vocab_size "
+                                         r"50257, but 100% fit read as uint16; pass dtype='uint16'"):
+        load_token_file(files["u16"], dtype="uint32", vocab_size=50257)
+    assert len(load_token_file(files["u32"], dtype="uint32", vocab_size=128256)) == len(U32)  # the right dtype
+
+
+def test_a_batch_outside_the_vocabulary_is_refused_naming_where_and_the_step():
+    from workbench.models.tokens import check_batch_tokens
+
+    check_batch_tokens(np.array([[0, 255]]), 256, where="f.bin", step=3)
+    with pytest.raises(ValueError, match=r"f\.bin: step 3's batch holds token 65535, outside model\['vocab_size'\]"):
+        check_batch_tokens(np.array([[0, 65535]]), 256, where="f.bin", step=3)

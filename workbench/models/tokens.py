@@ -6,10 +6,14 @@ Formats read by :func:`load_token_file` (nothing is copied into memory):
 * ``.bin`` with an llm.c header (``karpathy/llm.c`` ``dev/data/data_common.py``, also used by
   modded-nanogpt): 256 int32 values, ``[magic, version, num_tokens, 0...]``, then the tokens:
   magic 20240520 / version 1 means uint16 (GPT-2), 20240801 / version 7 means uint32 (Llama 3).
-  Recognised only when magic, version and ``1024 + num_tokens * itemsize == file size`` all agree.
+  A file that starts with one of these magics must match its header exactly (version, and
+  ``1024 + num_tokens * itemsize == file size``), else it is refused naming the file.
 * any other file: nanoGPT's flat binary, no header (``prepare.py`` writes ``np.uint16`` and
   ``train.py`` reads it with ``np.memmap(..., dtype=np.uint16, mode="r")``). Its dtype cannot be
-  read from the file: it is ``uint16`` unless ``dtype="uint32"`` is given.
+  read from the file: it is ``uint16`` unless ``dtype="uint32"`` is given. A dtype the tokens
+  plainly contradict is refused (:func:`_check_raw_dtype`): uint32 tokens read as uint16 (every
+  second token 0: the high halves), or tokens of which most are out of the vocabulary under this
+  dtype but within it under the other.
 
 Batches follow the contract of :func:`workbench.models.data.sample_batch`: one global batch per
 step, deterministic in ``(seed, step)`` alone, shape ``(global_batch, seq_len + 1)`` int32, inputs
@@ -30,7 +34,7 @@ import numpy as np
 
 from workbench.models.data import rank_slice
 
-__all__ = ["LLMC_HEADERS", "TokenFile", "load_token_file", "sample_batch", "sample_rank_batch"]
+__all__ = ["LLMC_HEADERS", "TokenFile", "check_batch_tokens", "load_token_file", "sample_batch", "sample_rank_batch"]
 
 #: llm.c header magic -> (version, token dtype).
 LLMC_HEADERS: dict[int, tuple[int, str]] = {20240520: (1, "uint16"), 20240801: (7, "uint32")}
@@ -66,15 +70,34 @@ class TokenFile:
 
 
 def _llmc_header(path: Path, size: int) -> tuple[int, str] | None:
-    """``(num_tokens, dtype)`` if ``path`` starts with a consistent llm.c header, else ``None``."""
+    """``(num_tokens, dtype)`` if ``path`` starts with an llm.c magic, else ``None``.
+
+    A file that starts with a magic is an llm.c file: its version and size must match its header exactly
+    (no raw token file starts with 20240520 or 20240801, which are past every vocabulary).
+
+    Raises:
+        ValueError: naming the file, if its header is cut short, its version is not the magic's, or its
+            size is not the header's 1024 bytes plus the tokens it announces (a truncated or padded file).
+    """
+    if size < 4:
+        return None
+    magic = int(np.fromfile(path, dtype="<i4", count=1)[0])
+    if magic not in LLMC_HEADERS:
+        return None
+    want, dtype = LLMC_HEADERS[magic]
     if size < _HEADER_BYTES:
-        return None
-    header = np.fromfile(path, dtype="<i4", count=3)
-    magic, version, count = (int(x) for x in header)
-    if magic not in LLMC_HEADERS or LLMC_HEADERS[magic][0] != version:
-        return None
-    dtype = LLMC_HEADERS[magic][1]
-    return (count, dtype) if _HEADER_BYTES + count * np.dtype(dtype).itemsize == size else None
+        raise ValueError(f"{path}: starts with the llm.c magic {magic} but holds {size} bytes, fewer than its "
+                         f"{_HEADER_BYTES}-byte header: a truncated llm.c file.")
+    version, count = (int(x) for x in np.fromfile(path, dtype="<i4", count=3)[1:])
+    if version != want:
+        raise ValueError(f"{path}: starts with the llm.c magic {magic}, whose version is {want}, but its header "
+                         f"says version {version}: a damaged or unknown llm.c file.")
+    expected = _HEADER_BYTES + count * np.dtype(dtype).itemsize
+    if count < 0 or expected != size:
+        raise ValueError(f"{path}: its llm.c header announces {count} {dtype} tokens, {expected} bytes with the "
+                         f"{_HEADER_BYTES}-byte header, but the file holds {size} bytes ({size - expected:+d}): "
+                         "a truncated or damaged llm.c file.")
+    return count, dtype
 
 
 def load_token_file(path: str | os.PathLike, *, dtype: str | None = None, vocab_size: int | None = None) -> TokenFile:
@@ -87,9 +110,11 @@ def load_token_file(path: str | os.PathLike, *, dtype: str | None = None, vocab_
         vocab_size: If given, every token must be ``< vocab_size``; the whole file is scanned once.
 
     Raises:
-        ValueError: if the file is missing or empty, its size is not a whole number of tokens, the
-            ``.npy`` is not 1-D integer, ``dtype`` disagrees with the header or is unknown, a token is
-            negative or ``>= vocab_size`` (naming the first offending index); every message names the file.
+        ValueError: if the file is missing or empty, its size is not a whole number of tokens, an llm.c
+            file does not match its header, the ``.npy`` is not 1-D integer, ``dtype`` disagrees with the
+            header or is unknown or is plainly not the file's (a headerless file: :func:`_check_raw_dtype`),
+            a token is negative or ``>= vocab_size`` (naming the first offending index); every message
+            names the file.
     """
     path = Path(path)
     if not path.is_file():
@@ -116,8 +141,44 @@ def load_token_file(path: str | os.PathLike, *, dtype: str | None = None, vocab_
         raise ValueError(f"{path}: dtype={dtype!r} was given, but the file's {layout} header says {tokens.dtype.name}.")
     if len(tokens) == 0:
         raise ValueError(f"{path}: the token file holds no tokens.")
+    if layout == "raw":
+        _check_raw_dtype(path, tokens, vocab_size)
     _check_range(path, tokens, vocab_size)
     return TokenFile(path, tokens, layout, vocab_size)
+
+
+#: Tokens at the start of a headerless file that :func:`_check_raw_dtype` looks at (bounded: 256 KB).
+_DTYPE_SAMPLE = 1 << 16
+
+
+def _check_raw_dtype(path: Path, tokens: np.ndarray, vocab_size: int | None) -> None:
+    """Refuse a headerless file's dtype when its first :data:`_DTYPE_SAMPLE` tokens contradict it.
+
+    * uint16 over uint32 data: every second value (the high half of a little-endian uint32 token, below 4
+      for any vocabulary under 262,144) is small, while the others are not;
+    * with ``vocab_size``: most tokens are ``>= vocab_size`` under this dtype, yet almost all (99%) are
+      below it when the same bytes are read as the other dtype.
+
+    Raises:
+        ValueError: naming the file, the dtype it was read as, and the one to pass instead.
+    """
+    sample = np.asarray(tokens[:_DTYPE_SAMPLE])
+    sample = sample[: len(sample) - len(sample) % 2]  # whole uint32 tokens under either reading
+    if len(sample) < 64:
+        return
+    other = "uint32" if sample.dtype == np.uint16 else "uint16"
+    hint = f"pass dtype='{other}' (RunSpec.data_dtype='{other}')"
+    if sample.dtype == np.uint16 and len(tokens) % 2 == 0:
+        high, low = float((sample[1::2] < 4).mean()), float((sample[0::2] < 4).mean())
+        if high >= 0.9 and low < 0.5:
+            raise ValueError(f"{path}: read as uint16, {high:.0%} of every second token is below 4 (but "
+                             f"{low:.0%} of the others): these are the high halves of uint32 tokens; {hint}.")
+    if vocab_size is not None:
+        out = float((sample >= vocab_size).mean())
+        fits = float((sample.view(other) < vocab_size).mean())
+        if out > 0.5 and fits >= 0.99:
+            raise ValueError(f"{path}: read as {sample.dtype.name}, {out:.0%} of its first {len(sample)} tokens are "
+                             f">= vocab_size {vocab_size}, but {fits:.0%} fit read as {other}; {hint}.")
 
 
 def _check_range(path: Path, tokens: np.ndarray, vocab_size: int | None) -> None:
@@ -203,3 +264,17 @@ def sample_rank_batch(tokens: TokenFile | np.ndarray, step: int, global_batch: i
     array, where = _tokens_of(tokens)
     starts = rank_slice(_starts(len(array), where, step, global_batch, seq_len, seed), rank, num_ranks)
     return _windows(array, starts, int(seq_len))
+
+
+def check_batch_tokens(batch: np.ndarray, vocab_size: int, *, where: str, step: int) -> None:
+    """Every token of one step's batch must be in ``[0, vocab_size)``: a changed file, not the model, is
+    then what fails (an out-of-range token makes an embedding read out of bounds, or a NaN loss).
+
+    Raises:
+        ValueError: naming ``where`` (the file), the step and the first offending token.
+    """
+    low, high = int(batch.min()), int(batch.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{where}: step {step}'s batch holds token {bad}, outside model['vocab_size'] = {vocab_size} "
+                         "(the file validated before the run held none: did it change during the run?)")
