@@ -75,6 +75,27 @@ def source_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+#: Digests already taken in this process, by the file's identity and state (see :func:`data_sha256`).
+_DATA_DIGESTS: dict[tuple, str] = {}
+
+
+def data_sha256(path: str | os.PathLike) -> str:
+    """sha256 hex digest of a token file's bytes (``RunSpec.data_sha256``), read once per file state.
+
+    Hashing a large file costs about a second per GB, so the digest is remembered in this process by the
+    file's device, inode, size, modification and change times (ns): any write to the file, or a new file
+    at the path, changes one of them and the file is read again. Each engine hashes it once, at start.
+    """
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DATA_DIGESTS:
+        if len(_DATA_DIGESTS) >= 256:  # files of a long session: forget the old ones
+            _DATA_DIGESTS.clear()
+        with open(path, "rb") as f:
+            _DATA_DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _DATA_DIGESTS[key]
+
+
 def check_data_file(field: str, path: str, dtype: str | None, seq_len: int) -> int:
     """Open the token file ``path`` (header and size only: no scan) and return its number of tokens.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -12,7 +13,7 @@ from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
 from workbench.core.strategies import RUN_STRATEGIES
 from workbench.core.units import MiB
-from workbench.runs.factory import check_data_file, resolve_factory, source_sha256
+from workbench.runs.factory import check_data_file, data_sha256, resolve_factory, source_sha256
 from workbench.models.init import LMConfig, lm_model_spec
 
 STRATEGIES = RUN_STRATEGIES  # (workbench.core.strategies)
@@ -21,8 +22,10 @@ STRATEGIES = RUN_STRATEGIES  # (workbench.core.strategies)
 #: Fields added after runs were stored: :meth:`RunSpec.to_dict` leaves them out at these defaults,
 #: so a run's id (a hash of its dict) and every stored record stay valid.
 LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True, "model_factory": None, "model_source_sha256": None,
-                  "data": None, "data_dtype": None}
+                  "data": None, "data_dtype": None, "data_sha256": None}
 
+
+HEX = set("0123456789abcdef")
 
 DEFAULT_MODEL = dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)
 
@@ -50,6 +53,9 @@ class RunSpec:
     factory). ``model_source_sha256`` is filled in from the factory module's file, so the run id of a
     changed model changes. The data are the Markov chain, or ``data``: a token file
     (:func:`workbench.models.tokens.load_token_file`; ``data_dtype`` for a headerless ``.bin``).
+    ``data_sha256`` is filled in from the file's bytes (:func:`~workbench.runs.factory.data_sha256`), so
+    changed data is a new run, and a spec rebuilt from its dict (as every engine does) refuses a file that
+    changed since: no rank trains on other data than the driver validated.
     """
 
     framework: str = "mlx"
@@ -73,6 +79,7 @@ class RunSpec:
     model_source_sha256: str | None = None
     data: str | None = None
     data_dtype: str | None = None
+    data_sha256: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -130,7 +137,8 @@ class RunSpec:
                 raise bad("strategy", str(err)) from None
 
     def _check_user_inputs(self) -> bool:
-        """Validate ``model_factory``, ``model_source_sha256``, ``data``, ``data_dtype``; True for a user model."""
+        """Validate ``model_factory``, ``model_source_sha256``, ``data``, ``data_dtype``, ``data_sha256``; True for
+        a user model."""
         if self.model_source_sha256 is not None and self.model_factory is None:
             raise ValueError("RunSpec.model_source_sha256: only a run with model_factory has a model source")
         if self.data is None and self.data_dtype is not None:
@@ -149,11 +157,39 @@ class RunSpec:
                                  "vocab_size and seq_len, integers >= 1 (the tokens the model takes; its shapes come "
                                  "from the factory)")
         seq_len = self.model.get("seq_len")
-        if self.data is not None:
-            if self.model_factory is None:
-                seq_len = self.config.seq_len  # validates the LM's fields first
-            check_data_file("data", self.data, self.data_dtype, seq_len)
+        if self.data_sha256 is not None and not (isinstance(self.data_sha256, str)
+                                                 and len(self.data_sha256) == 64 and set(self.data_sha256) <= HEX):
+            raise ValueError(f"RunSpec.data_sha256={self.data_sha256!r}: must be 64 hex digits (leave it out: it is "
+                             "filled in from the token file)")
+        if self.data is None:
+            if self.data_sha256 is not None:
+                raise ValueError("RunSpec.data_sha256: only a run with data (a token file) has a data digest")
+            return self.model_factory is not None
+        if self.model_factory is None:
+            seq_len = self.config.seq_len  # validates the LM's fields first
+        if self.data_sha256 is not None and os.path.isfile(self.data):
+            self.check_data_unchanged()
+        check_data_file("data", self.data, self.data_dtype, seq_len)
+        if self.data_sha256 is None:
+            object.__setattr__(self, "data_sha256", data_sha256(self.data))
         return self.model_factory is not None
+
+    def check_data_unchanged(self) -> None:
+        """The token file ``data`` must still have the digest ``data_sha256`` (free while its size, times and
+        inode are unchanged: :func:`~workbench.runs.factory.data_sha256`).
+
+        Raises:
+            ValueError: naming ``RunSpec.data_sha256`` and the file, if it is missing or its bytes changed.
+        """
+        try:
+            digest, size = data_sha256(self.data), os.path.getsize(self.data)
+        except OSError as err:
+            raise ValueError(f"RunSpec.data_sha256: the token file {self.data} cannot be read any more ({err})") \
+                from None
+        if digest != self.data_sha256:
+            raise ValueError(f"RunSpec.data_sha256: the token file {self.data} changed since this spec was made (now "
+                             f"{size} bytes, sha256 {digest[:12]}..., not {self.data_sha256[:12]}...): other data, so "
+                             "another run (leave data_sha256 out to run it)")
 
     @property
     def config(self) -> LMConfig:
