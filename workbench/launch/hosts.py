@@ -20,17 +20,23 @@ host 0's slots, then host 1's, and so on (the order OpenMPI's ``--map-by slot`` 
 hostfile lists each rank at its host's real address; the JAX coordinator sits on host 0's address.
 It starts nothing and checks no port: ports on other machines cannot be probed from here, so they
 are drawn below the ephemeral range (where only explicit listeners bind) and a clash is retried.
+
+Every value of a hosts file is checked (:mod:`workbench.launch.host_values`) before it reaches a command
+line, a remote shell or a Slurm batch template, and refused naming the field, the host and the file.
+IPv6 addresses are refused: ipyparallel's ssh launcher splits ``host:port`` at the first ``:``, and the
+MLX ring hostfile and OpenMPI's lists take addresses unbracketed.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import difflib
 import json
 import random
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.launch.host_values import NAME, PYTHON, USER, check_address, check_controller_ip, check_text
 from workbench.launch.plan import LaunchPlan, plan_launch, thread_env
 from workbench.ranks.jax_fsdp_check import GLOO_HOST_ENV
 
@@ -38,6 +44,12 @@ from workbench.ranks.jax_fsdp_check import GLOO_HOST_ENV
 REMOTE_PORTS = range(20000, 32000)
 _HOST_KEYS = {"address", "slots", "user", "port", "python", "name"}
 _FILE_KEYS = {"hosts", "controller_ip", "ssh_config", "head_address"}
+#: The multi-host rig's bookkeeping in its rig.json (scripts/hosts_rig.py), accepted and unused there only.
+_RIG_KEYS = {"rig_id", "status", "state_dir", "subnet", "bridge", "uts", "key", "known_hosts", "ssh", "ssh_command",
+             "slurm", "created", "created_by_pid"}
+_RIG_HOST_KEYS = {"hostname", "netns", "veth", "sshd_pid", "sshd_config", "sshd_log"}
+#: Hosts files are small: past this a file is refused before it is parsed.
+MAX_FILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,22 +73,18 @@ class Host:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.address, str) or not self.address.strip() or any(c.isspace() for c in self.address):
-            raise ValueError(f"Host.address={self.address!r}: must be an IP address or host name")
-        try:
-            ip = ipaddress.ip_address(self.address)
-        except ValueError:
-            ip = None
-        if (ip is not None and (ip.is_unspecified or ip.is_loopback)) or self.address == "localhost":
-            raise ValueError(f"Host.address={self.address!r}: a wildcard or loopback address cannot be reached "
-                             "from another host; give the address the hosts reach each other by")
+        check_address(self.address, "Host.address")
+        where = f" (host {self.address})"
         for key, low, high in (("slots", 1, 4096), ("port", 1, 65535)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"Host.{key}={value!r} (host {self.address}): must be an integer in {low}..{high}")
-        if not isinstance(self.python, str) or not self.python:
-            raise ValueError(f"Host.python={self.python!r} (host {self.address}): the Python executable on that host")
-        if not self.name:
+                raise ValueError(f"Host.{key}={value!r}{where}: must be an integer in {low}..{high}")
+        if self.user is not None:
+            check_text(self.user, "Host.user", pattern=USER, where=where)
+        check_text(self.python, "Host.python", pattern=PYTHON, where=where)
+        if self.name != "":
+            check_text(self.name, "Host.name", pattern=NAME, where=where)
+        else:
             object.__setattr__(self, "name", self.address)
 
     @property
@@ -97,6 +105,13 @@ class HostsFile:
     def __post_init__(self) -> None:
         if not self.hosts:
             raise ValueError(f"hosts file {self.source or ''}: lists no hosts")
+        try:
+            if self.controller_ip is not None:
+                object.__setattr__(self, "controller_ip", check_controller_ip(self.controller_ip))
+            if self.ssh_config is not None:
+                check_text(self.ssh_config, "ssh_config", split=False)
+        except ValueError as err:
+            raise ValueError(f"hosts file {self.source}: {err}" if self.source else str(err)) from None
         seen = {}
         for h in self.hosts:
             if (h.address, h.port) in seen:
@@ -108,38 +123,77 @@ class HostsFile:
         return sum(h.slots for h in self.hosts)
 
 
+def _unknown(keys, known: set[str], allowed: set[str], where: str) -> None:
+    unknown = [k for k in keys if k not in allowed]
+    if unknown:
+        hints = [f"{k!r}" + (f" (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(str(k), known, 1))
+                             else "") for k in unknown]
+        raise ValueError(f"{where}unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                         f"the keys are {', '.join(sorted(known))}")
+
+
 def parse_hosts(data: dict, *, source: str = "", slots: int | None = None) -> HostsFile:
     """A :class:`HostsFile` from a parsed TOML/JSON document; ``slots`` overrides every host's slots.
 
     Raises:
-        ValueError: naming the key and the host (unknown keys are errors, so a typo is not ignored).
+        ValueError: naming the file, the host and the key (unknown keys are errors, with the near known
+            key, so a typo is not ignored) or the value at fault.
     """
+    at = f"hosts file {source}: " if source else "hosts: "
     if not isinstance(data, dict) or not isinstance(data.get("hosts"), list):
-        raise ValueError(f"hosts file {source}: needs a list 'hosts' of tables, one per host")
+        raise ValueError(f"{at}needs a list 'hosts' of tables, one per host")
+    rig = "rig_id" in data  # the multi-host rig's rig.json also carries the rig's own bookkeeping
+    _unknown(data, _FILE_KEYS, _FILE_KEYS | (_RIG_KEYS if rig else set()), at)
     hosts = []
     for i, entry in enumerate(data["hosts"]):
         if not isinstance(entry, dict):
-            raise ValueError(f"hosts file {source}: hosts[{i}] must be a table, got {entry!r}")
+            raise ValueError(f"{at}hosts[{i}] must be a table, got {entry!r}")
+        _unknown(entry, _HOST_KEYS, _HOST_KEYS | (_RIG_HOST_KEYS if rig else set()), f"{at}hosts[{i}]: ")
         known = {k: v for k, v in entry.items() if k in _HOST_KEYS}
         if "address" not in known:
-            raise ValueError(f"hosts file {source}: hosts[{i}] has no 'address'")
+            raise ValueError(f"{at}hosts[{i}] has no 'address'")
         if slots is not None:
             known["slots"] = slots
-        hosts.append(Host(**known))
-    controller = data.get("controller_ip", data.get("head_address"))
+        try:
+            hosts.append(Host(**known))
+        except ValueError as err:
+            raise ValueError(f"{at}hosts[{i}]: {err}") from None
+    controller, head = data.get("controller_ip"), data.get("head_address")
+    if controller is not None and head is not None and controller != head:
+        raise ValueError(f"{at}controller_ip={controller!r} and head_address={head!r} differ: give one")
     config = data.get("ssh_config")
-    return HostsFile(hosts=tuple(hosts), controller_ip=controller, ssh_config=str(Path(config).expanduser()) if config else None,
+    try:
+        config = None if config is None else str(Path(check_text(config, "ssh_config", split=False)).expanduser())
+    except ValueError as err:
+        raise ValueError(f"{at}{err}") from None
+    return HostsFile(hosts=tuple(hosts), controller_ip=head if controller is None else controller, ssh_config=config,
                      source=source)
 
 
 def load_hosts(path: str | Path, *, slots: int | None = None) -> HostsFile:
-    """Read a hosts file (``.toml``, or JSON such as the rig's ``rig.json``); see the module docstring."""
+    """Read a hosts file (``.toml``, or JSON such as the rig's ``rig.json``); see the module docstring.
+
+    Raises:
+        ValueError: naming the file: missing, not a regular file, over :data:`MAX_FILE_BYTES`, not UTF-8,
+            not TOML/JSON, or any of :func:`parse_hosts`'s errors.
+    """
     path = Path(path).expanduser()
-    text = path.read_text()
+    if not path.is_file():  # a FIFO would block the read
+        raise ValueError(f"hosts file {path}: {'not a regular file' if path.exists() else 'no such file'}")
     try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"hosts file {path}: cannot read it: {err.strerror or err}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"hosts file {path}: larger than {MAX_FILE_BYTES} bytes, too large for a list of hosts")
+    try:
+        text = raw.decode("utf-8")
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"hosts file {path}: cannot parse: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(f"hosts file {path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise ValueError(f"hosts file {path}: cannot parse: {err}") from None
     return parse_hosts(data, source=str(path), slots=slots)
 
 

@@ -33,12 +33,14 @@ from workbench.launch.engines import (
     is_port_clash,
     run_on_fresh_ports,
 )
+from workbench.launch.host_values import check_controller_ip
 from workbench.launch.hosts import HostsFile, MultiHostPlan, as_hosts, plan_hosts_launch
-from workbench.launch.remote_cmd import (
-    ENGINE_MODULE,
+from workbench.launch.remote_cmd import (  # noqa: F401  (slurm_template: imported from here before it moved)
     check_reachable,
-    engine_env,
-    mpi_args,
+    check_slurm_nodes,
+    engine_starts,
+    rsh_args,
+    slurm_template,
     ssh_options,
     toward,
 )
@@ -111,12 +113,14 @@ def _kill_set(engine_set) -> None:
 
 
 def controller_address(hosts: HostsFile, controller_ip: str | None = None) -> str:
-    """The controller's address: given, from the hosts file, or the one this machine reaches host 0 by."""
+    """The controller's address: given, from the hosts file, or the one this machine reaches host 0 by;
+    normalised, and never a wildcard or loopback spelling (:func:`~workbench.launch.host_values.check_controller_ip`).
+
+    Raises:
+        ValueError: naming ``controller_ip``.
+    """
     ip = controller_ip or hosts.controller_ip or toward(hosts.hosts[0].address, hosts.hosts[0].port)
-    if ip in ("0.0.0.0", "::", "") or ip.startswith("127.") or ip == "::1":
-        raise ValueError(f"controller_ip={ip!r}: the controller must listen on an address the hosts reach, "
-                         "never a wildcard or loopback")
-    return ip
+    return check_controller_ip(ip)
 
 
 def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controller_ip: str | None = None,
@@ -134,9 +138,9 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
         slurm: Extra settings of ipyparallel's ``SlurmEngineSetLauncher`` (``queue``, ``account``, ...).
 
     Raises:
-        ValueError: an unknown launcher.
-        EngineFailure: a host unreachable (named), or the engines did not all register within ``timeout_s``;
-            everything started so far is stopped.
+        ValueError: an unknown launcher, a value that cannot go on its command line or script (named).
+        EngineFailure: a host unreachable (named; for Slurm: its node down or unknown to the cluster), or the
+            engines did not all register within ``timeout_s``; everything started so far is stopped.
     """
     import ipyparallel as ipp
 
@@ -145,37 +149,30 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
     t0 = time.monotonic()
     hosts = plan.used_hosts
     ip = controller_address(HostsFile(hosts=plan.hosts), controller_ip)
-    check_reachable(hosts, timeout_s=connect_timeout_s) if launcher != "slurm" else None
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="workbench-remote-")
         workdir = Path(tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
-    ssh_args = ssh_options(ssh_config, connect_timeout_s)
+    try:
+        ssh_args = ssh_options(ssh_config, connect_timeout_s)
+        starts = engine_starts(plan, launcher, ip, workdir, ssh_args, slurm)  # built and checked: nothing started yet
+        if launcher == "slurm":
+            nodes = (slurm or {}).get("nodes") or [h.name for h in hosts]
+            check_slurm_nodes(nodes, hosts, timeout_s=max(10.0, connect_timeout_s))
+        else:
+            check_reachable(hosts, timeout_s=connect_timeout_s)
+    except BaseException:
+        if tmp is not None:
+            tmp.cleanup()
+        raise
     cluster = ipp.Cluster(n=0, controller_ip=ip, log_level=logging.ERROR, engine_launcher_class=launcher,
                           controller_args=list(FAST_HEARTBEAT), cluster_id=f"workbench-remote-{time.time_ns():x}")
     run = RemoteEngineRun(plan, cluster, None, {}, {}, workdir, tmp, launcher=launcher, controller_ip=ip)
-    env = engine_env(plan)
     try:
         cluster.start_controller_sync()
-        if launcher == "ssh":
-            for r in range(plan.num_ranks):
-                h = plan.host_of(r)
-                cluster.start_engines_sync(
-                    n=1, environment={**env, "WORKBENCH_RANK": str(r)}, ssh_args=list(ssh_args),
-                    scp_args=list(ssh_args), remote_python=h.python, engine_cmd=[h.python, "-m", ENGINE_MODULE],
-                    engines={f"{h.location}:{h.port}": {"n": 1, "to_send": []}})  # the key goes by environment
-        elif launcher == "mpi":
-            pythons = {h.python for h in hosts}
-            if len(pythons) > 1:
-                raise ValueError(f"launcher='mpi' starts one command on every host; the hosts' pythons differ: {pythons}")
-            cluster.start_engines_sync(n=plan.num_ranks, environment=env, engine_cmd=[hosts[0].python, "-m", ENGINE_MODULE],
-                                       mpi_args=mpi_args(plan, ip, workdir, ssh_args))
-        else:
-            settings = dict(slurm or {})
-            cluster.start_engines_sync(n=plan.num_ranks, environment=env, engine_cmd=[hosts[0].python, "-m", ENGINE_MODULE],
-                                       batch_file_name=str(workdir / "slurm_engine.sbatch"), batch_template=slurm_template(plan, settings.pop("nodes", None)),
-                                       **settings)
+        for start in starts:
+            cluster.start_engines_sync(**start)
         run.launchers.update(dict(enumerate(cluster.engines.values())))
         run.client = cluster.connect_client_sync()
         _identify(run, t0 + timeout_s)
@@ -188,23 +185,6 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
         raise EngineFailure(f"engines did not start on the hosts via {launcher}{which}: {_short(err)}", None) from err
     run.started_s = time.monotonic() - t0
     return run
-
-
-def slurm_template(plan: MultiHostPlan, nodes: list[str] | None = None) -> str:
-    """The ``sbatch`` script for ipyparallel's Slurm launcher that puts rank r on ``plan.host_of(r)``:
-    the hosts' Slurm node names (``nodes``, default: each host's name) in order, their slots in blocks."""
-    used = plan.used_hosts
-    nodes = list(nodes) if nodes else [h.name for h in used]
-    per_node = {plan.rank_hosts.count(i) for i in sorted(set(plan.rank_hosts))}
-    if len(per_node) != 1 or len(nodes) != len(used):
-        raise ValueError(f"launcher='slurm' needs the same ranks on every host and one node name per host "
-                         f"(ranks per host {sorted(per_node)}, nodes {nodes})")
-    # --output: ipyparallel adds its own only to its default template; without it sbatch writes slurm-<job>.out
-    # into whatever directory the driver runs in
-    return (f"#!/bin/sh\n#SBATCH --ntasks={{n}}\n#SBATCH --nodes={len(used)}\n#SBATCH --nodelist={','.join(nodes)}\n"
-            f"#SBATCH --ntasks-per-node={per_node.pop()}\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{{cluster_id}}\n"
-            "#SBATCH --output={output_file}\n"
-            "srun --distribution=block {program_and_args}\n")
 
 
 def _identify(run: RemoteEngineRun, deadline: float) -> None:
@@ -273,6 +253,11 @@ def runner_for(hosts=None, launcher: str = "ssh", **start_kwargs: Any) -> Callab
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r}: choose one of {', '.join(LAUNCHERS)}")
     hf = as_hosts(hosts)
+    if launcher == "mpi":  # OpenMPI splits ssh's arguments on whitespace: refused now, before a run is recorded
+        try:
+            rsh_args(ssh_options(hf.ssh_config, 1))
+        except ValueError as err:
+            raise ValueError(f"hosts file {hf.source}: {err}" if hf.source else str(err)) from None
 
     def run(num_ranks: int, framework: str, body: Callable[[RemoteEngineRun], Any], **kwargs: Any) -> Any:
         return run_on_hosts(hf, num_ranks, framework, body, launcher=launcher, **start_kwargs, **kwargs)

@@ -1,16 +1,27 @@
-"""What the remote launchers are told: ssh options, the engines' shared environment, OpenMPI's
-arguments and hostfile, and a reachability check that names the host that does not answer.
+"""What the remote launchers are told: ssh options and each ssh engine's settings, the engines' shared
+environment, OpenMPI's arguments and hostfile, the Slurm batch template, and reachability checks that
+name the host that does not answer (its sshd; for Slurm, its node's state).
+
+Every host value reaching them was checked (:mod:`workbench.launch.host_values`); here they are also
+placed so that none can become an option or a shell word: the ssh user goes as ``-o User=<user>`` (one
+argument, never ``user@host``), the remote Python is quoted for the remote login shell, nothing with
+whitespace enters OpenMPI's space-split ``plm_rsh_args``, and every literal in the batch template has
+its braces escaped from ipyparallel's ``EvalFormatter``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import socket
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from workbench.launch.engines import EngineFailure
+from workbench.launch.host_values import NAME, check_text
 from workbench.launch.hosts import Host, MultiHostPlan
 from workbench.launch.plan import OMPI_THREAD_MULTIPLE
 
@@ -23,6 +34,20 @@ def ssh_options(ssh_config: str | None, connect_timeout_s: float) -> list[str]:
     args = ["-F", ssh_config] if ssh_config else []
     return args + ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout_s))}",
                    "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+
+
+def ssh_engine_settings(plan: MultiHostPlan, rank: int, ssh_args: list[str]) -> dict:
+    """Settings of ipyparallel's ``SSHEngineSetLauncher`` that start ``rank``'s engine on its host.
+
+    ssh gets the user as ``-o User=<user>`` (one argument: a value can never be read as an option, as
+    ``<user>@host`` could), and the remote Python quoted, since ssh hands ``remote_python`` to the
+    host's login shell as a command string; the engine command itself runs there without a shell.
+    """
+    h = plan.host_of(rank)
+    user = ["-o", f"User={h.user}"] if h.user else []
+    return dict(ssh_args=list(ssh_args) + user, scp_args=list(ssh_args) + user, remote_python=shlex.quote(h.python),
+                engine_cmd=[h.python, "-m", ENGINE_MODULE],
+                engines={f"{h.address}:{h.port}": {"n": 1, "to_send": []}})  # the key goes by environment
 
 
 def engine_env(plan: MultiHostPlan, grace_s: float = 10.0) -> dict[str, str]:
@@ -43,6 +68,22 @@ def openmpi_hostfile(plan: MultiHostPlan) -> str:
     return "".join(f"{address} slots={n}\n" for address, n in counts.items())
 
 
+def rsh_args(words: list[str]) -> str:
+    """OpenMPI's ``plm_rsh_args``: ssh's arguments as the one string that OpenMPI splits on whitespace.
+
+    Raises:
+        ValueError: a word with whitespace, which would become several arguments (an ``ssh_config`` path
+            with a space, or an option smuggled in), naming the field.
+    """
+    for i, word in enumerate(words):
+        if not word or any(c.isspace() or not c.isprintable() for c in word):
+            field = {"-F": "ssh_config", "-l": "user"}.get(words[i - 1] if i else "", "ssh argument")
+            raise ValueError(f"{field}={word!r}: launcher='mpi' hands ssh's arguments to OpenMPI as one string "
+                             "(plm_rsh_args) that it splits on whitespace; use a value without whitespace, or "
+                             "launcher='ssh'")
+    return " ".join(words)
+
+
 def mpi_args(plan: MultiHostPlan, controller_ip: str, workdir: Path, ssh_args: list[str]) -> list[str]:
     """``mpiexec`` arguments (OpenMPI) placing rank r on ``plan.host_of(r)``: the hostfile, slot order,
     its daemons started by ssh (one hop each), and its own traffic on the hosts' addresses only."""
@@ -51,9 +92,12 @@ def mpi_args(plan: MultiHostPlan, controller_ip: str, workdir: Path, ssh_args: l
     nets = ",".join(f"{a}/32" for a in [controller_ip, *(h.address for h in plan.used_hosts)])
     users = {h.user for h in plan.used_hosts} - {None}
     ports = {h.port for h in plan.used_hosts}
-    rsh = list(ssh_args) + (["-l", users.pop()] if len(users) == 1 else []) + (["-p", str(ports.pop())] if len(ports) == 1 else [])
+    if len(users) > 1 or len(ports) > 1:  # one ssh command line reaches every host
+        raise ValueError(f"launcher='mpi' gives every host the same ssh user and port; the hosts' differ (users "
+                         f"{sorted(users)}, ports {sorted(ports)}): set them per host in ssh_config instead")
+    rsh = list(ssh_args) + (["-l", users.pop()] if users else []) + ["-p", str(ports.pop())]
     args = ["--hostfile", str(path), "--map-by", "slot", "--mca", "plm_rsh_agent", "ssh",
-            "--mca", "plm_rsh_args", " ".join(rsh), "--mca", "plm_rsh_no_tree_spawn", "1",
+            "--mca", "plm_rsh_args", rsh_args(rsh), "--mca", "plm_rsh_no_tree_spawn", "1",
             "--mca", "oob_tcp_if_include", nets, "--mca", "btl_tcp_if_include", nets,
             "--mca", "orte_keep_fqdn_hostnames", "1"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -64,6 +108,99 @@ def mpi_args(plan: MultiHostPlan, controller_ip: str, workdir: Path, ssh_args: l
     # MPI_THREAD_MULTIPLE: MLX calls MPI from one thread per stream (see launch.plan.mpirun_command).
     args += ["-x", f"OMPI_MPI_THREAD_LEVEL={OMPI_THREAD_MULTIPLE}"]
     return args
+
+
+def _literal(text: str) -> str:
+    """``text`` as itself in a template that ipyparallel formats with ``EvalFormatter`` (which evaluates ``{...}``)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+#: ipyparallel's Slurm settings that its own template would add, and the ``#SBATCH`` option each is.
+SLURM_OPTIONS = {"queue": "--partition", "account": "--account", "qos": "--qos", "timelimit": "--time"}
+_SLURM_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:,+-]*")
+_SLURM_WHAT = "letters, digits and _.:,+- only"
+
+
+def slurm_template(plan: MultiHostPlan, nodes: list[str] | None = None, settings: dict | None = None) -> str:
+    """The ``sbatch`` script for ipyparallel's Slurm launcher that puts rank r on ``plan.host_of(r)``:
+    the hosts' Slurm node names (``nodes``, default: each host's name) in order, their slots in blocks.
+
+    ``settings`` of :data:`SLURM_OPTIONS` become ``#SBATCH`` lines (ipyparallel adds them only to its own
+    template). Every literal is checked (a newline would add a script line) and its braces escaped.
+
+    Raises:
+        ValueError: uneven ranks per host, a node name per host missing, or a value that is not a plain word.
+    """
+    used = plan.used_hosts
+    nodes = list(nodes) if nodes else [h.name for h in used]
+    per_node = {plan.rank_hosts.count(i) for i in sorted(set(plan.rank_hosts))}
+    if len(per_node) != 1 or len(nodes) != len(used):
+        raise ValueError(f"launcher='slurm' needs the same ranks on every host and one node name per host "
+                         f"(ranks per host {sorted(per_node)}, nodes {nodes})")
+    for node, h in zip(nodes, used):
+        check_text(node, "Slurm node name", pattern=NAME, where=f" (host {h.address})",
+                   what="a Slurm node name (letters, digits, '.', '_', '-')")
+    extra = [f"#SBATCH {SLURM_OPTIONS[k]}={check_text(str(v), f'slurm {k}', pattern=_SLURM_VALUE, what=_SLURM_WHAT)}"
+             for k, v in (settings or {}).items() if k in SLURM_OPTIONS]
+    # --output: ipyparallel adds its own only to its default template; without it sbatch writes slurm-<job>.out
+    # into whatever directory the driver runs in
+    return ("#!/bin/sh\n#SBATCH --ntasks={n}\n" + _literal(
+        f"#SBATCH --nodes={len(used)}\n#SBATCH --nodelist={','.join(nodes)}\n"
+        f"#SBATCH --ntasks-per-node={per_node.pop()}\n"
+        + "".join(line + "\n" for line in extra))
+        + "#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{cluster_id}\n#SBATCH --output={output_file}\n"
+        "srun --distribution=block {program_and_args}\n")
+
+
+#: Slurm node states (``sinfo %t``, less the power and reservation suffixes) in which a job can start or wait.
+SLURM_USABLE = {"idle", "mix", "alloc", "comp", "resv", "plnd"}
+
+
+def check_slurm_nodes(nodes: list[str], hosts: tuple[Host, ...], timeout_s: float) -> None:
+    """Ask Slurm (``sinfo``) for every node's state; raise naming each host whose node is unknown to the
+    cluster, down, drained or not responding (``*``), instead of a job that waits for it until the timeout."""
+    try:
+        proc = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %t"], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except FileNotFoundError:
+        raise EngineFailure("launcher='slurm': sinfo was not found; Slurm's client commands must be on PATH",
+                            None) from None
+    except subprocess.TimeoutExpired:
+        raise EngineFailure(f"launcher='slurm': sinfo did not answer within {timeout_s:g} s", None) from None
+    if proc.returncode != 0:
+        raise EngineFailure(f"launcher='slurm': sinfo failed: {proc.stderr.strip()[-600:]}", None)
+    states = dict(line.split(None, 1) for line in proc.stdout.splitlines() if len(line.split()) == 2)
+    known = sorted(states)
+    listed = ", ".join(known[:20]) + (f", ... ({len(known)} in all)" if len(known) > 20 else "") if known else "none"
+    problems = [f"host {h.name} ({h.address}): Slurm node {n!r} " + (
+        f"is {states[n]!r} (sinfo)" if n in states else f"is not a node of this cluster (sinfo lists {listed})")
+        for n, h in zip(nodes, hosts) if states.get(n, "").rstrip("~#!%$@^-") not in SLURM_USABLE]
+    if problems:
+        raise EngineFailure("; ".join(problems), None)
+
+
+def engine_starts(plan: MultiHostPlan, launcher: str, controller_ip: str, workdir: Path, ssh_args: list[str],
+                  slurm: dict | None = None) -> list[dict]:
+    """The keyword arguments of each ``ipyparallel.Cluster.start_engines`` call that starts ``plan``'s
+    engines through ``launcher`` (settings of its engine set launcher): built and checked, nothing started.
+
+    Raises:
+        ValueError: a value that cannot go on the launcher's command line or into its script (named).
+    """
+    env, hosts = engine_env(plan), plan.used_hosts
+    if launcher == "ssh":
+        return [dict(n=1, environment={**env, "WORKBENCH_RANK": str(r)}, **ssh_engine_settings(plan, r, ssh_args))
+                for r in range(plan.num_ranks)]
+    if len({h.python for h in hosts}) > 1:
+        raise ValueError(f"launcher={launcher!r} starts one command on every host; the hosts' pythons differ: "
+                         f"{sorted({h.python for h in hosts})}")
+    common = dict(n=plan.num_ranks, environment=env, engine_cmd=[hosts[0].python, "-m", ENGINE_MODULE])
+    if launcher == "mpi":
+        return [dict(common, mpi_args=mpi_args(plan, controller_ip, workdir, ssh_args))]
+    settings = dict(slurm or {})
+    template = slurm_template(plan, settings.pop("nodes", None), settings)
+    return [dict(common, batch_file_name=str(Path(workdir) / "slurm_engine.sbatch"), batch_template=template,
+                 **settings)]
 
 
 def toward(address: str, port: int = 22) -> str:
@@ -89,4 +226,5 @@ def check_reachable(hosts: tuple[Host, ...], timeout_s: float) -> None:
         raise EngineFailure("; ".join(problems), None)
 
 
-__all__ = ["ENGINE_MODULE", "check_reachable", "engine_env", "mpi_args", "openmpi_hostfile", "ssh_options", "toward"]
+__all__ = ["ENGINE_MODULE", "SLURM_OPTIONS", "check_reachable", "check_slurm_nodes", "engine_env", "engine_starts",
+           "mpi_args", "openmpi_hostfile", "rsh_args", "slurm_template", "ssh_engine_settings", "ssh_options", "toward"]
