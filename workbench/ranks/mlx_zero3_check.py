@@ -11,7 +11,8 @@ slice of each global batch. Parts:
   against one large-batch DDP step; collectives counted by the :class:`~workbench.ranks.mlx_fsdp_check.Spy`;
 * ``memory``: MLX peak memory of one step per strategy (a larger LM), after a warm-up step;
 * ``errors``: the messages of refused unit choices and unshardable parameters;
-* ``fully_shard``: MLX's ``fully_shard`` against ours, where the backend has ``sum_scatter``.
+* ``fully_shard``: MLX's ``fully_shard`` against ours; on ring and MPI through
+  :func:`~workbench.adapters.mlx.fully_shard.supply_sum_scatter`, which supplies the missing ``sum_scatter``.
 
 It writes ``DIR/rank{r}.json`` (plain lists and numbers); the tests compare.
 """
@@ -32,6 +33,7 @@ from mlx.utils import tree_flatten
 from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
 from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
 from workbench.adapters.mlx.fsdp import ddp_apply_gradients, fsdp_apply_gradients
+from workbench.adapters.mlx.fully_shard import supply_sum_scatter
 from workbench.adapters.mlx.transport import has_sum_scatter
 from workbench.adapters.mlx.zero3 import shard_model
 from workbench.models.init import LMConfig, init_lm_params
@@ -209,27 +211,26 @@ def part_errors(group) -> dict:
 
 
 def part_fully_shard(group, spy) -> dict:
-    """MLX's ``fully_shard`` against :func:`shard_model` (gradients of one step), where it can run."""
-    try:
-        mx.eval(mx.distributed.sum_scatter(mx.zeros((group.size(),)), group=group))
-    except RuntimeError as err:
-        return {"supported": False, "reason": str(err)}
+    """MLX's ``fully_shard`` against :func:`shard_model` (gradients of one step). Where the backend has no
+    ``sum_scatter`` (ring, MPI), the shim supplies the workbench ring for the backward graph's build."""
     from mlx.nn.layers.distributed import fully_shard
 
     cfg = LMConfig(vocab_size=32, seq_len=8, dim=16, num_layers=2, num_heads=2, mlp_dim=32)
     theirs = build(cfg)
     for i, layer in enumerate(theirs.layers):
         theirs.layers[i] = fully_shard(layer, group=group)
-    ours = shard_model(build(cfg), group, units=[f"layers.{i}" for i in range(cfg.num_layers)],
-                       reduce_scatter="sum_scatter")
+    ours = shard_model(build(cfg), group, units=[f"layers.{i}" for i in range(cfg.num_layers)])
     x, y = batch(cfg, 0, group.rank(), group.size())
-    _, g_theirs = nn.value_and_grad(theirs, lm_loss)(theirs, x, y)
+    with supply_sum_scatter(group) as supply:
+        _, g_theirs = nn.value_and_grad(theirs, lm_loss)(theirs, x, y)
+        mx.eval(g_theirs)
     _, g_ours = nn.value_and_grad(ours, lm_loss)(ours, x, y)
     # The blocks only: fully_shard leaves the root's gradients local (not averaged).
     flat_t = {k.replace(".module.", "."): v for k, v in tree_flatten(g_theirs) if k.startswith("layers.")}
     flat_o = {k.replace("model.module.", "").replace(".module.", "."): v for k, v in tree_flatten(g_ours)}
     flat_o = {k: v for k, v in flat_o.items() if k.startswith("layers.")}
-    return {"supported": True, "grads_theirs": tolist({k: v.reshape(-1) for k, v in flat_t.items()}),
+    return {"supplied": supply.supplied, "num_supplied": supply.num_calls,
+            "grads_theirs": tolist({k: v.reshape(-1) for k, v in flat_t.items()}),
             "grads_ours": tolist({k: v.reshape(-1) for k, v in flat_o.items()})}
 
 
