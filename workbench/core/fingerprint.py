@@ -12,6 +12,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
+#: Fields exchanged (a fingerprint with more fields compares its first ones).
+MAX_FIELDS = 16
+
+#: First integer of every rank's row: a row without it was not a plan (the peer ran another collective).
+MARKER = 0x57424B31
+
 
 class RanksDisagree(ValueError):
     """The ranks' plans differ; ``field`` is the first differing field, ``ranks`` those that differ from rank 0."""
@@ -60,3 +68,42 @@ def first_mismatch(names: Sequence[str], table: Sequence[Sequence[int]]) -> tupl
         if ranks:
             return name, ranks
     return None
+
+
+def fingerprint_row(fingerprint: Mapping[str, Any], group_size: int) -> list[int]:
+    """The integers one rank all-gathers: :data:`MARKER`, the group size, the number of fields, then one
+    31-bit hash per field, zero-padded to a fixed length (``3 + MAX_FIELDS``), so a rank with other fields
+    still gathers as many integers and the exchange itself cannot hang."""
+    hashes = field_hashes(fingerprint)[:MAX_FIELDS]
+    return [MARKER, int(group_size), len(fingerprint), *hashes, *[0] * (MAX_FIELDS - len(hashes))]
+
+
+def check_rows(rows: Sequence[Sequence[int]], fingerprint: Mapping[str, Any], rank: int) -> None:
+    """Compare every rank's :func:`fingerprint_row` (``rows[r]``), the same way on every rank.
+
+    Raises:
+        RanksDisagree: a row lacks the marker (a peer ran another collective: ``out_of_step``), or naming
+            the first field that differs and the ranks that differ from rank 0.
+    """
+    strays = [r for r, row in enumerate(rows) if row[0] != MARKER]
+    if strays:
+        raise RanksDisagree("the step they are in", strays, rank, "comparing plans", out_of_step=True)
+    names = list(fingerprint)[:MAX_FIELDS]
+    found = first_mismatch(["group_size", "number of fields", *names], [list(row)[1:] for row in rows])
+    if found is not None:
+        name, ranks = found
+        raise RanksDisagree(name, ranks, rank, fingerprint.get(name, len(fingerprint)))
+
+
+def weights_digest(params: Iterable[tuple[str, np.ndarray]]) -> str:
+    """sha256 hex digest of ``(path, array)`` pairs (NumPy arrays: each path, shape, dtype and bytes).
+
+    Ranks compare it to show they start from the same weights; it costs one pass over the parameters
+    (about a second per GB), once per run.
+    """
+    digest = hashlib.sha256()
+    for path, array in params:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{path}|{array.shape}|{array.dtype}|".encode())
+        digest.update(array.reshape(-1).view(np.uint8))
+    return digest.hexdigest()

@@ -3,13 +3,19 @@
 :func:`run_training` plans the launch, starts engines, sends them :func:`workbench.ranks.entry.train_rank`,
 watches progress, and records the outcome: done, or failed with the error and the rank at fault. A step
 that does not finish within ``step_timeout_s`` (a hung collective, MLX #4475) fails the run instead of
-hanging the notebook.
+hanging the notebook; a run with no step within ``startup_timeout_s`` fails naming what each rank was
+still doing (the phases of :mod:`workbench.ranks.entry`: building the model, compiling, ...). A user's
+model is first built here in a subprocess (:func:`build_user_model`), so ``timeout_s`` bounds it too.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import pickle
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 from workbench.launch.engines import EngineFailure, EngineRun, run_on_fresh_ports
 from workbench.launch.remote import runner_for
-from workbench.ranks.entry import train_rank
+from workbench.ranks.entry import PHASE_MODEL, PHASE_STEP, PHASES, read_phases, train_rank
 from workbench.runs.factory import import_paths
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, run_id_for
@@ -41,12 +47,17 @@ class RunOutcome:
 
 
 class StepWatchdog:
-    """Fails a run whose steps stop arriving (polls the size of its steps file, cheaply)."""
+    """Fails a run whose steps stop arriving (polls the size of its steps file, cheaply).
+
+    ``describe_start()``, if given, says what the ranks were doing when no step came within
+    ``startup_timeout_s`` (:func:`describe_phases`).
+    """
 
     def __init__(self, steps_path: Path, step_timeout_s: float, startup_timeout_s: float,
-                 progress: Callable[[int], None] | None = None, num_ranks: int = 1):
+                 progress: Callable[[int], None] | None = None, num_ranks: int = 1,
+                 describe_start: Callable[[float], str] | None = None):
         self.path, self.step_timeout_s, self.startup_timeout_s = steps_path, step_timeout_s, startup_timeout_s
-        self.progress, self.num_ranks = progress, num_ranks
+        self.progress, self.num_ranks, self.describe_start = progress, num_ranks, describe_start
         self.size, self.lines, self.last_change = -1, 0, time.monotonic()
 
     def __call__(self) -> None:
@@ -61,9 +72,78 @@ class StepWatchdog:
         limit = self.step_timeout_s if self.lines else self.startup_timeout_s
         if now - self.last_change > limit:
             step = self.lines // self.num_ranks
+            if not self.lines and self.describe_start is not None:
+                failure = EngineFailure(f"no step finished within {limit:.0f} s of the start: "
+                                        f"{self.describe_start(limit)}; engines stopped", None)
+                failure.phases_told = True
+                raise failure
             raise EngineFailure(
                 f"no step finished for {limit:.0f} s after step {step - 1 if step else 'start'} "
                 f"(a hung collective? MLX ring all_sum is known to deadlock, MLX #4475); engines stopped", None)
+
+
+def describe_phases(phases: Mapping[int, str], num_ranks: int, factory: str | None, limit_s: float) -> str:
+    """What the ranks were doing, from the last phase each reported (:func:`workbench.ranks.entry.read_phases`),
+    the furthest behind first: a slow model factory, named, is told apart from a hung first step and from
+    ranks that never began."""
+    groups: dict[str | None, list[int]] = {}
+    for rank in range(num_ranks):
+        groups.setdefault(phases.get(rank), []).append(rank)
+    parts = []
+    for phase, ranks in sorted(groups.items(), key=lambda g: PHASES.index(g[0]) + 1 if g[0] in PHASES else 0):
+        if phase is None:
+            parts.append(f"ranks {ranks} had not begun the run (their engines busy, or still importing)")
+        elif phase == PHASE_MODEL and factory is not None:
+            parts.append(f"the model factory {factory!r} did not return within {limit_s:.0f} s on ranks {ranks}")
+        elif phase == PHASE_STEP:
+            parts.append(f"ranks {ranks} were in their first step (a hung collective? MLX ring all_sum is known "
+                         "to deadlock, MLX #4475)")
+        else:
+            parts.append(f"ranks {ranks} were {phase}")
+    return "; ".join(parts)
+
+
+def build_user_model(spec: RunSpec, timeout_s: float) -> Any:
+    """The user model's :class:`~workbench.core.specs.ModelSpec`, built in a subprocess bounded by ``timeout_s``.
+
+    ``python -m workbench.ranks.entry`` builds it as an engine would (same folders on ``sys.path``, same
+    seeding, the same checks: :func:`workbench.ranks.user_model.user_model_spec`). A subprocess, not a
+    thread: it can be stopped at the deadline, a factory that crashes or calls ``os._exit`` cannot take
+    the driver (a notebook's kernel) with it, and seeding leaves the driver's own generators alone. Its
+    output is passed on to this process's stderr.
+
+    Raises:
+        ValueError: what the check raised (naming the factory), or the process ended without a result.
+        TimeoutError: the factory did not return within ``timeout_s`` (the process is killed).
+    """
+    child = subprocess.Popen([sys.executable, "-m", "workbench.ranks.entry"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = child.communicate(pickle.dumps((spec, import_paths())), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise TimeoutError(f"the model factory {spec.model_factory!r} did not return within {timeout_s:.1f} s in "
+                           "the driver's check, before any engine started (its subprocess was stopped; nothing was "
+                           "stored)") from None
+    finally:
+        if child.poll() is None:  # interrupted: the check process does not outlive this call
+            child.kill()
+            child.wait()
+    text = err.decode("utf-8", "replace")
+    if text:
+        sys.stderr.write(text)
+    try:
+        status, value = pickle.loads(out)
+    except Exception:
+        code = child.returncode
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}" if -code not in signal.valid_signals() \
+            else f"signal {signal.Signals(-code).name}"
+        raise ValueError(f"RunSpec.model_factory={spec.model_factory!r}: the driver's check process, which builds "
+                         f"the model, ended ({how}) without a result; its output ended:\n{text[-1500:]}") from None
+    if status != "ok":
+        raise ValueError(value)
+    return value
 
 
 def _has_steps(steps_path: Path) -> bool:
@@ -102,7 +182,8 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         runs_root: The run store's folder.
         step_timeout_s: Longest wait for the next step once the first has finished, in seconds.
         startup_timeout_s: Longest wait for the first step (imports, compilation), in seconds.
-        timeout_s: Longest wait for the whole run, in seconds.
+        timeout_s: Longest wait for the whole run, in seconds, from this call: building a user's model
+            here (:func:`build_user_model`) counts, and so does every engine's run.
         progress: Called with the number of steps every rank has finished, as they arrive.
         on_engines: Called with the started engines (tests use it to inject faults).
         skip_done: Return at once if the store already holds this spec, done. ``False`` redoes a done
@@ -116,11 +197,13 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         A :class:`RunOutcome`; a failed run is recorded as failed (steps kept), not raised.
 
     Raises:
-        ValueError: a bad argument (named), before anything starts.
+        ValueError: a bad argument (named), or a user's model or data refused, before anything starts.
+        TimeoutError: a user's model factory took longer than ``timeout_s`` here, before anything started.
         RunLocked: another live process is running this spec on this store (named by pid).
     """
     check_run_knobs(spec, runs_root, step_timeout_s=step_timeout_s, startup_timeout_s=startup_timeout_s,
                     timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
     for name, fn in (("progress", progress), ("on_engines", on_engines)):
         if fn is not None and not callable(fn):
             raise ValueError(f"{name}={fn!r}: must be callable or None.")
@@ -132,32 +215,50 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     from workbench.ranks.user_model import check_user_run
     from workbench.runs.estimate import estimate_run_memory
 
-    user_model = check_user_run(spec)  # a user's factory and data, checked here, before any engine starts
+    # A user's factory (in a bounded subprocess) and data, checked here, before any engine starts.
+    try:
+        user_model = check_user_run(spec, build=lambda s: build_user_model(s, max(0.1, deadline - time.monotonic())))
+    except TimeoutError as err:
+        raise TimeoutError(f"run_training(timeout_s={timeout_s:g}): {err}") from None
     meta = {} if user_model is None else {"model_shapes": [[p.path, list(p.shape), p.dtype] for p in user_model.params]}
     backend = "none" if spec.num_ranks == 1 and spec.framework == "mlx" else "ring" if spec.framework == "mlx" else "gloo"
     meta.update(backend=backend, memory_estimate=estimate_run_memory(spec, user_model).as_dict())
     handle = store.create(spec_dict, meta=meta,
                           overwrite=not skip_done)
     try:
-        return _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, timeout_s, progress, on_engines,
-                    runner)
+        return _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, (timeout_s, deadline),
+                    progress, on_engines, runner)
     finally:
         handle.release()
 
 
-def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, timeout_s, progress, on_engines,
+def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, timeout, progress, on_engines,
          runner=run_on_fresh_ports) -> RunOutcome:
     t0 = time.monotonic()
     steps_path = handle.folder / "steps.jsonl"
     recovered = handle.recovered
+    timeout_s, deadline = timeout
+
+    def describe(limit_s: float) -> str:  # what each rank was doing (the phases it reported)
+        phases = read_phases(handle.folder, handle.record.get("attempt", 1))
+        return describe_phases(phases, spec.num_ranks, spec.model_factory, limit_s)
 
     def train(engines: EngineRun) -> tuple[list, float]:
         if on_engines is not None:
             on_engines(engines)
-        watchdog = StepWatchdog(steps_path, step_timeout_s, startup_timeout_s, progress, spec.num_ranks)
+        watchdog = StepWatchdog(steps_path, step_timeout_s, startup_timeout_s, progress, spec.num_ranks, describe)
         paths = tuple(import_paths())  # the user's factory imports on the engines as here
-        return (engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id, paths)] * spec.num_ranks,
-                              timeout_s=timeout_s, on_poll=watchdog, poll_s=0.1), engines.started_s)
+        began = time.monotonic()
+        try:
+            return (engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id, paths)] * spec.num_ranks,
+                                  timeout_s=max(0.1, deadline - began), on_poll=watchdog, poll_s=0.1),
+                    engines.started_s)
+        except EngineFailure as err:  # out of time before any step: say what the ranks were doing
+            if err.rank is not None or getattr(err, "phases_told", False) or _has_steps(steps_path) \
+                    or time.monotonic() < deadline:
+                raise
+            raise EngineFailure(f"run_training(timeout_s={timeout_s:g}): {err}: "
+                                f"{describe(time.monotonic() - began)}", None) from err
 
     try:
         results, ready_s = runner(spec.num_ranks, spec.framework, train, may_retry=lambda: not _has_steps(steps_path))

@@ -1,17 +1,35 @@
-"""The function every engine runs for a training run: one rank, MLX or JAX, by the spec's framework.
+"""The function every engine runs for a training run: one rank, MLX or JAX, by the spec's framework; the
+phases a rank reports as it goes; and the driver's bounded check of a user's model.
 
 The driver (:mod:`workbench.launch.driver`) sends :func:`train_rank` to engines by its module path,
-so it lives here, below the driver, and imports only downward.
+so it lives here, below the driver, and imports only downward. ``python -m workbench.ranks.entry`` is the
+subprocess in which the driver builds a user's model before any engine starts (:func:`check_model_main`),
+so that ``timeout_s`` bounds a slow factory and a factory that crashes cannot take the driver with it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import sys
+import threading
+import time
 from pathlib import Path
 
 from workbench.ranks.train_mlx import train_mlx
-from workbench.ranks.user_model import use_driver_paths
+from workbench.ranks.user_model import use_driver_paths, user_model_spec
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore
+
+#: A run's phases file: one JSON line per phase a rank enters (:func:`report_phase`).
+PHASES_FILE = "phases.jsonl"
+PHASE_SPEC, PHASE_JOIN, PHASE_MODEL = "checking the spec and its token file", "joining the other ranks", \
+    "building the model"
+PHASE_AGREE, PHASE_COMPILE, PHASE_STEP = "comparing plans and starting weights", "compiling the step", \
+    "running the first step"
+#: In the order a rank goes through them.
+PHASES = (PHASE_SPEC, PHASE_JOIN, PHASE_MODEL, PHASE_AGREE, PHASE_COMPILE, PHASE_STEP)
 
 
 def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple[str, ...] = ()) -> dict:
@@ -20,13 +38,74 @@ def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple
     ``import_paths``: the driver's working directory and the repository root
     (:func:`workbench.runs.factory.import_paths`), put on ``sys.path`` before the spec is rebuilt, so a
     user's ``model_factory`` imports here as it did in the driver, and its relative ``data`` path means
-    the same file.
+    the same file. Rebuilding the spec checks its token file against ``data_sha256``: this rank trains
+    on the bytes the driver validated, or fails naming the file.
     """
     use_driver_paths(list(import_paths))
-    spec = RunSpec(**spec_dict)
     handle = RunStore(Path(runs_root)).open(run_id)
+    report_phase(handle, PHASE_SPEC)
+    spec = RunSpec(**spec_dict)
     if spec.framework == "mlx":
         return train_mlx(spec, handle)
     from workbench.ranks.train_jax import train_jax
 
     return train_jax(spec, handle)
+
+
+def report_phase(handle, phase: str, rank: int | None = None) -> None:
+    """Append ``{rank, phase, attempt, time}`` to the run's :data:`PHASES_FILE` (one ``O_APPEND`` write, as
+    the steps); ``rank`` defaults to the engine's ``WORKBENCH_RANK``."""
+    rank = int(os.environ.get("WORKBENCH_RANK", -1)) if rank is None else rank
+    line = json.dumps({"rank": rank, "phase": phase, "attempt": handle.record.get("attempt", 1),
+                       "time": time.time()}) + "\n"
+    fd = os.open(Path(handle.folder) / PHASES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_phases(folder: Path, attempt: int) -> dict[int, str]:
+    """The last phase each rank of ``attempt`` reported, ``{rank: phase}`` (unreadable lines skipped)."""
+    last: dict[int, str] = {}
+    try:
+        lines = (Path(folder) / PHASES_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return last
+    for line in lines:
+        try:
+            row = json.loads(line)
+            if row.get("attempt") == attempt:
+                last[int(row["rank"])] = str(row["phase"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return last
+
+
+def check_model_main() -> None:
+    """``python -m workbench.ranks.entry``: read a pickled ``(spec, import_paths)`` from stdin, build the
+    user's model as an engine would (:func:`~workbench.ranks.user_model.user_model_spec`, in the driver's
+    folders), and write a pickled ``("ok", ModelSpec)`` or ``("error", message)`` to stdout. The factory's
+    own output goes to stderr; the process exits as soon as the driver that started it is gone."""
+    result = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # print() in the factory lands on stderr, never in the result
+    parent = os.getppid()
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    spec, paths = pickle.load(sys.stdin.buffer)
+    use_driver_paths(list(paths))
+    try:
+        out = ("ok", user_model_spec(spec))
+    except ValueError as err:
+        out = ("error", str(err))
+    pickle.dump(out, result)
+    result.close()
+
+
+if __name__ == "__main__":
+    check_model_main()

@@ -15,10 +15,8 @@ jitted ``shard_map`` step per strategy does the rest:
 * ``fsdp-full`` -- ZeRO-3, :func:`~workbench.adapters.jax.zero3.make_zero3_step` over the
   unit chain of :func:`lm_units` (embedding, each block, final norm + head).
 
-With ``spec.num_microbatches`` = G > 1 every step accumulates gradients over G
-micro-batches of each rank's rows, synchronised once (``spec.defer_sync``) or every
-micro-batch (:mod:`workbench.adapters.jax.accum`); rows and the summary count the
-collectives that implies.
+With ``spec.num_microbatches`` = G > 1 every step accumulates gradients over G micro-batches of each
+rank's rows, synchronised once (``spec.defer_sync``) or every micro-batch (:mod:`workbench.adapters.jax.accum`).
 
 Loss scope: the JAX steps return the *global* mean loss (every rank records the same
 value), whereas MLX rows hold each rank's local-slice mean. JAX rows therefore carry
@@ -172,9 +170,14 @@ def train_jax(spec, handle) -> dict:
         "psum" for DDP, "none" on one rank), "num_collectives", "collectives" (the same
         per step by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``, as the step asks
         for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
-        combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions"}`` and, when XLA reports it, ``"compiled_memory"``
-        (the compiled step's ``memory_analysis()`` in bytes).
+        combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions", "fingerprint_exchange_s",
+        "initial_weights_sha256" (what the ranks compared before step 0)}`` and, when XLA reports it,
+        ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes).
     """
+    from workbench.ranks.entry import PHASE_AGREE, PHASE_COMPILE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
+    from workbench.ranks.user_model import agree_on_start, check_finite_loss, jax_params_and_loss, start_fingerprint
+
+    report_phase(handle, PHASE_JOIN)
     rank, size = init_distributed()
 
     import jax
@@ -187,25 +190,35 @@ def train_jax(spec, handle) -> dict:
     # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
     mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("fsdp",))
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("fsdp"))
-    step, p, state = _build_step(spec, mesh, replicated)
+    report_phase(handle, PHASE_MODEL, rank)
+    params, loss_fn = jax_params_and_loss(spec)  # the built-in LM, or the user's factory (spec.model_factory)
+    fingerprint = start_fingerprint(spec, list(params.items()), size)  # plans and starting weights, compared once
+    report_phase(handle, PHASE_AGREE, rank)
+    exchange_s = agree_on_start(lambda fp: _exchange(fp, rank, size), fingerprint, spec, rank)
+    step, p, state = _build_step(spec, mesh, replicated, params, loss_fn)
     batch_for_step = _batch_loader(spec, rows)
     _check_batch_rows(batch_for_step(0), spec.global_batch, rank, size)
+    report_phase(handle, PHASE_COMPILE, rank)
     lowered = step.lower(p, state, batch_for_step(0))
     compiled = lowered.compile()  # compiles before step 0; a compile error surfaces here
     compiled_memory = _memory_stats(compiled)
+    report_phase(handle, PHASE_STEP, rank)
     for i in range(spec.steps):
         batch = batch_for_step(i)
         t0 = time.perf_counter()
         p, state, metrics = step.step(p, state, batch)
         jax.block_until_ready((p, state, metrics["loss"], metrics["grad_norm"]))
         elapsed = time.perf_counter() - t0
+        loss = float(np.asarray(metrics["loss"].addressable_data(0)))
         handle.append_steps([{
-            "step": i, "rank": rank, "loss": float(np.asarray(metrics["loss"].addressable_data(0))),
+            "step": i, "rank": rank, "loss": loss,
             "loss_scope": "global", "grad_norm": float(np.asarray(metrics["grad_norm"].addressable_data(0))),
             "step_time_s": elapsed, "peak_rss_bytes": peak_rss_bytes(),
             "num_collectives": int(metrics["num_collectives"]),
         }])
+        check_finite_loss(loss, i, rank)  # after its row is stored: the record shows it
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"),
+               "fingerprint_exchange_s": exchange_s, "initial_weights_sha256": fingerprint["initial_weights"],
                "collective_path": observed_collective_path(lowered.as_text(), size),
                "measured_memory": _measured_memory(p, state, compiled_memory),
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
@@ -224,13 +237,28 @@ def _to_global(tree, sharding):
         lambda a: jax.make_array_from_callback(a.shape, sharding, lambda idx, a=a: a[idx]), tree)
 
 
-def _build_step(spec, mesh, replicated):
-    """The step of ``spec.strategy`` with its initial parameters and optimizer state: ``(step, params, state)``."""
+def _exchange(fingerprint: dict, rank: int, size: int) -> float:
+    """Every process's :func:`~workbench.core.fingerprint.fingerprint_row`, all-gathered (one small
+    ``process_allgather``) and compared on each (``RanksDisagree`` on every rank); returns its seconds."""
+    from jax.experimental import multihost_utils
+
+    from workbench.core.fingerprint import check_rows, fingerprint_row
+
+    t0 = time.perf_counter()
+    if size == 1:
+        return 0.0
+    table = multihost_utils.process_allgather(np.asarray(fingerprint_row(fingerprint, size), dtype=np.int32))
+    check_rows(np.asarray(table).reshape(size, -1).tolist(), fingerprint, rank)
+    return time.perf_counter() - t0
+
+
+def _build_step(spec, mesh, replicated, params: dict, loss_fn: Callable):
+    """The step of ``spec.strategy`` with the initial parameters ``params`` placed and its optimizer state:
+    ``(step, params, state)``."""
     from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
     from workbench.adapters.jax.zero3 import make_zero3_step
-    from workbench.ranks.user_model import jax_params_and_loss, user_units
+    from workbench.ranks.user_model import user_units
 
-    params, loss_fn = jax_params_and_loss(spec)  # the built-in LM, or the user's factory (spec.model_factory)
     opt = make_optimizer(spec)
     accum = dict(num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
     if spec.strategy == "fsdp-full":

@@ -9,7 +9,6 @@ import math
 import os
 import time
 
-from workbench.core.fingerprint import plan_fingerprint
 from workbench.ranks.probes import (
     COLLECTIVE_KEYS,
     can_split_groups,
@@ -33,8 +32,16 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     from workbench.adapters.mlx.fsdp import optimizer_state_bytes
     from workbench.adapters.mlx.transport import has_sum_scatter
     from workbench.models.data import rank_slice
-    from workbench.ranks.user_model import global_batches, mlx_model_and_loss
+    from workbench.ranks.entry import PHASE_AGREE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
+    from workbench.ranks.user_model import (
+        agree_on_start,
+        check_finite_loss,
+        global_batches,
+        mlx_model_and_loss,
+        start_fingerprint,
+    )
 
+    report_phase(handle, PHASE_JOIN)
     backend = os.environ.get("WORKBENCH_BACKEND", "ring") if spec.num_ranks > 1 else "none"
     if spec.num_ranks == 1:  # no peers, no backend: MLX's group of one (a ring of one waits for a peer)
         os.environ.pop("MLX_HOSTFILE", None)
@@ -42,15 +49,16 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     else:
         group = mx.distributed.init(backend=backend, strict=True)
     rank, size = group.rank(), group.size()
+    report_phase(handle, PHASE_MODEL, rank)
     model, loss_fn = mlx_model_and_loss(spec)  # the built-in LM, or the user's factory (spec.model_factory)
     opt = make_mlx_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
     # Always ask for the norm (an infinite max_norm clips nothing) so every run records it.
     max_norm = spec.max_norm if spec.max_norm is not None else math.inf
     accum = dict(max_norm=max_norm, num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
-    fingerprint = plan_fingerprint(tree_flatten(model.parameters()), group_size=size, strategy=spec.strategy,
-                                   communication_size=spec.communication_size, clipping=spec.max_norm is not None,
-                                   num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
-    exchange_s = check_ranks_agree(group, fingerprint)  # once, before the plan is first used
+    # Once, before the plan is first used: the plans, and a digest of the starting weights.
+    fingerprint = start_fingerprint(spec, tree_flatten(model.parameters()), size, to_numpy=_numpy)
+    report_phase(handle, PHASE_AGREE, rank)
+    exchange_s = agree_on_start(lambda fp: check_ranks_agree(group, fp), fingerprint, spec, rank)
     if spec.strategy == "fsdp-full":  # ZeRO-3: one unit per transformer block, plus the root
         trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=True, **accum)
     else:
@@ -63,27 +71,38 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     # collectives run inside forward and backward: its sync time is not separable (None).
     batch_for_step = global_batches(spec)  # Markov chain or spec.data's token file
     mx.reset_peak_memory()
+    report_phase(handle, PHASE_STEP, rank)
     for step in range(spec.steps):
         local = rank_slice(batch_for_step(step), rank, size)
         inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
         t0 = time.perf_counter()
         loss, norm = trainer.step(loss_fn, inputs, targets)
         t1 = time.perf_counter()
+        loss = loss.item()
         handle.append_steps([{
-            "step": step, "rank": rank, "loss": loss.item(), "grad_norm": norm.item(),
+            "step": step, "rank": rank, "loss": loss, "grad_norm": norm.item(),
             "step_time_s": t1 - t0, "sync_time_s": trainer.report.get("sync_time_s"),
             "num_collectives": collective_count(trainer.report),
             "peak_rss_bytes": peak_rss_bytes(), "peak_array_bytes": peak_array_bytes(),
         }])
+        check_finite_loss(loss, step, rank)  # after its row is stored: the record shows it
     report = trainer.report
     params = trainer.model.parameters()  # under fsdp-full: this rank's rows
     return {"rank": rank, "backend": backend,
             "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": can_split_groups(group)},
             "collective_path": report.get("reduce_scatter_transport") or "all_reduce",
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
-            "fingerprint_exchange_s": exchange_s,
+            "fingerprint_exchange_s": exchange_s, "initial_weights_sha256": fingerprint["initial_weights"],
             "peak_array_bytes": peak_array_bytes(),
             "collectives": {kind: int(report.get(key, 0)) for kind, key in COLLECTIVE_KEYS.items()},
             "measured_memory": {"parameters": tree_nbytes(params), "optimizer_state": optimizer_state_bytes(opt),
                                 "peak": peak_array_bytes(), "peak_source": "mx.get_peak_memory"},
             "versions": package_versions()}
+
+
+def _numpy(array):
+    """An MLX array's values as NumPy (bfloat16, which NumPy lacks, as its uint16 bits)."""
+    import mlx.core as mx
+    import numpy as np
+
+    return np.asarray(array.view(mx.uint16) if array.dtype == mx.bfloat16 else array)

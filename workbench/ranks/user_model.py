@@ -7,22 +7,28 @@ A run's model is the built-in LM (``spec.model`` is its config) or what the fact
 * JAX: ``(nnx.Module, loss_fn(params, (inputs, targets)) -> scalar)`` where ``params`` is the flat
   ``{dotted path: array}`` dict of the module's ``nnx.Param`` variables (:func:`nnx_flat_params`).
 
-A factory that takes a ``seed`` argument is called with ``seed=spec.init_seed``, so every rank builds
-the same weights. :func:`check_user_run` runs in the driver before any engine starts: it builds the
-model once, checks what the factory returned, that every FSDP layout can shard it, and that every token
-of the data file is below the model's vocabulary, and returns the model's
-:class:`~workbench.core.specs.ModelSpec` for the memory estimate.
+A factory that takes a ``seed`` argument is called with ``seed=spec.init_seed``, after the global
+generators are seeded with it (:func:`seed_generators`), and the ranks compare a digest of the weights
+they start from (:func:`start_fingerprint`, :func:`agree_on_start`). :func:`check_user_run` runs before
+any engine starts: the data file against the vocabulary, what the factory returned and its vocabulary
+(:func:`check_model_vocab`), and that every FSDP layout can shard it; it returns the model's
+:class:`~workbench.core.specs.ModelSpec` for the memory estimate. On the engines every batch is checked
+(:func:`global_batches`) and every loss must be finite (:func:`check_finite_loss`).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import os
-from typing import Any, Callable
+import random
+import sys
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from workbench.core.buckets import plan_buckets
+from workbench.core.fingerprint import RanksDisagree, plan_fingerprint, weights_digest
 from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec, spec_from_flat
 from workbench.runs.factory import add_import_paths, resolve_factory
@@ -39,8 +45,24 @@ def use_driver_paths(paths: list[str]) -> None:
         os.chdir(paths[0])
 
 
+def seed_generators(seed: int, framework: str) -> None:
+    """Seed every global generator a factory may draw from: Python's ``random``, ``numpy.random``, and
+    ``mlx.core.random`` (MLX seeds each process differently) or, if already imported, ``torch``. JAX has no
+    global generator (an ``nnx.Rngs`` is made with its seed by the factory itself)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    if framework == "mlx":
+        import mlx.core as mx
+
+        mx.random.seed(seed % 2**64)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
+
+
 def call_factory(spec) -> tuple[Any, Callable]:
     """``spec.model_factory``'s ``(model, loss_fn)``, checked against the framework's contract.
+
+    The global generators are seeded from ``spec.init_seed`` first (:func:`seed_generators`).
 
     Raises:
         ValueError: naming the factory and what was expected, if it raises or returns anything else.
@@ -51,6 +73,7 @@ def call_factory(spec) -> tuple[Any, Callable]:
         takes_seed = "seed" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         takes_seed = False
+    seed_generators(spec.init_seed, spec.framework)
     try:
         out = fn(seed=spec.init_seed) if takes_seed else fn()
     except Exception as err:  # the user's code
@@ -118,22 +141,46 @@ def user_units(params: dict, loss_fn: Callable) -> tuple[list[Callable], Callabl
 
 def global_batches(spec) -> Callable[[int], np.ndarray]:
     """``batch_for_step(step)``: step's global batch, ``(global_batch, seq_len + 1)`` int32 tokens, from the
-    Markov chain or ``spec.data``; the same in every process and for every strategy."""
-    seq_len = spec.model["seq_len"]
-    if spec.data is not None:
-        from workbench.models.tokens import load_token_file, sample_batch
+    Markov chain or ``spec.data``; the same in every process and for every strategy.
 
-        tokens = load_token_file(spec.data, dtype=spec.data_dtype)
-        return lambda step: sample_batch(tokens, step, spec.global_batch, seq_len, seed=spec.data_seed)
-    from workbench.models.data import make_markov_chain, sample_batch as sample_markov
+    A token file is checked before every batch: its size and modification time (one ``stat``: a file cut
+    or rewritten during the run), then the batch's tokens against ``model['vocab_size']``.
 
-    chain = make_markov_chain(spec.model["vocab_size"], seed=spec.data_seed, concentration=spec.concentration)
-    return lambda step: sample_markov(chain, step, spec.global_batch, seq_len, seed=spec.data_seed)
+    Raises:
+        ValueError: naming the file and the step, if it changed since this rank opened it or a token of
+            the batch is out of the vocabulary.
+    """
+    seq_len, vocab_size = spec.model["seq_len"], spec.model["vocab_size"]
+    if spec.data is None:
+        from workbench.models.data import make_markov_chain, sample_batch as sample_markov
+
+        chain = make_markov_chain(vocab_size, seed=spec.data_seed, concentration=spec.concentration)
+        return lambda step: sample_markov(chain, step, spec.global_batch, seq_len, seed=spec.data_seed)
+    from workbench.models.tokens import check_batch_tokens, load_token_file, sample_batch
+
+    tokens = load_token_file(spec.data, dtype=spec.data_dtype)
+    opened = os.stat(spec.data)
+
+    def batch_for_step(step: int) -> np.ndarray:
+        now = os.stat(spec.data)
+        if (now.st_size, now.st_mtime_ns) != (opened.st_size, opened.st_mtime_ns):
+            raise ValueError(f"RunSpec.data={spec.data!r}: the token file changed during the run, before step {step} "
+                             f"({opened.st_size} bytes when opened, {now.st_size} now, modified since): stopped "
+                             "rather than train on other data")
+        batch = sample_batch(tokens, step, spec.global_batch, seq_len, seed=spec.data_seed)
+        check_batch_tokens(batch, vocab_size, where=f"RunSpec.data={spec.data!r}", step=step)
+        return batch
+
+    return batch_for_step
 
 
 def user_model_spec(spec) -> ModelSpec:
     """The parameters of ``spec``'s user model (built once, here) in ``spec.precision``: MLX's
-    ``trainable_parameters`` (``spec_from_mlx``) or the NNX module's ``nnx.Param`` (``spec_from_nnx``)."""
+    ``trainable_parameters`` (``spec_from_mlx``) or the NNX module's ``nnx.Param`` (``spec_from_nnx``).
+
+    Raises:
+        ValueError: the factory's return (named), or its vocabulary (:func:`check_model_vocab`).
+    """
     model, _ = call_factory(spec)
     if spec.framework == "mlx":
         from workbench.adapters.mlx.base import spec_from_mlx
@@ -143,29 +190,128 @@ def user_model_spec(spec) -> ModelSpec:
         from workbench.adapters.jax.base import spec_from_nnx
 
         found = spec_from_nnx(model)
+    check_model_vocab(spec, model, [(p.path, p.shape) for p in found.params])
     return spec_from_flat([(p.path, p.shape, spec.precision) for p in found.params], found.name)
 
 
-def check_user_run(spec) -> ModelSpec | None:
-    """Before any engine starts: the user model's spec (None for the built-in LM), its shards, and the data.
+#: Module names of a token embedding, and of an output head (a top-level module), in common model code.
+EMBED_NAMES = ("embed", "embed_tokens", "embedding", "tok_embeddings", "token_embedding", "wte", "word_embeddings")
+HEAD_NAMES = ("head", "lm_head", "output", "unembed")
+
+
+def vocab_tables(model, params: Iterable[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[str, int]]:
+    """``{path: (what, tokens)}`` of the model's token embeddings and output head: MLX ``nn.Embedding``
+    (and quantized) and NNX ``nnx.Embed`` modules, and 2-D parameters named as in :data:`EMBED_NAMES`
+    (rows) or :data:`HEAD_NAMES` (outputs: a ``kernel`` is ``(in, out)``, a ``weight`` ``(out, in)``)."""
+    found: dict[str, tuple[str, int]] = {}
+    if hasattr(model, "named_modules"):  # MLX
+        for name, module in model.named_modules():
+            if type(module).__name__ in ("Embedding", "QuantizedEmbedding"):
+                rows = getattr(module, "num_embeddings", None) or module.weight.shape[0]
+                found[f"{name}.weight" if name else "weight"] = ("token embedding", int(rows))
+    else:  # NNX
+        from flax import nnx
+
+        for path, node in nnx.iter_graph(model):
+            if isinstance(node, nnx.Embed):
+                found[".".join(map(str, (*path, "embedding")))] = ("token embedding", int(node.num_embeddings))
+    for path, shape in params:
+        parts = path.split(".")
+        if len(shape) != 2 or len(parts) < 2 or path in found or any(w in path for w in ("pos", "position")):
+            continue
+        if parts[-2] in EMBED_NAMES and parts[-1] in ("weight", "embedding"):
+            found[path] = ("token embedding", int(shape[0]))
+        elif len(parts) == 2 and parts[0] in HEAD_NAMES and parts[1] in ("weight", "kernel"):
+            found[path] = ("output head", int(shape[-1] if parts[1] == "kernel" else shape[0]))
+    return found
+
+
+def check_model_vocab(spec, model, params: Iterable[tuple[str, tuple[int, ...]]]) -> None:
+    """The model's token embedding and head must hold ``model['vocab_size']`` tokens (more is padding).
 
     Raises:
-        ValueError: the factory's return (named), ``RunSpec.strategy`` when a layout cannot tile one of
-            the model's arrays over ``num_ranks``, or ``RunSpec.data`` when a token is ``>= vocab_size``.
+        ValueError: naming ``RunSpec.model['vocab_size']``, both numbers and the parameter: a token past an
+            embedding's rows makes an engine read out of bounds (a crash or garbage), not an error.
     """
-    model = user_model_spec(spec) if spec.model_factory is not None else None
-    if model is not None and spec.strategy != "ddp":
-        try:
-            plan_shards(plan_buckets(model, spec.communication_size), spec.num_ranks,
-                        "flat" if spec.strategy == "fsdp-flat" else "row")
-        except ValueError as err:
-            raise ValueError(f"RunSpec.strategy={spec.strategy!r}: {err}") from None
+    vocab_size = spec.model["vocab_size"]
+    for path, (what, tokens) in vocab_tables(model, params).items():
+        if tokens < vocab_size:
+            raise ValueError(f"RunSpec.model['vocab_size']={vocab_size}: the model of {spec.model_factory} holds "
+                             f"{tokens} tokens in its {what} '{path}', fewer than vocab_size (a token >= {tokens} "
+                             f"would index past it); declare model['vocab_size'] <= {tokens}, or build the model for "
+                             f"{vocab_size} tokens")
+
+
+def start_fingerprint(spec, params: list[tuple[str, Any]], group_size: int,
+                      to_numpy: Callable[[Any], np.ndarray] = np.asarray) -> dict[str, Any]:
+    """What the ranks compare before the first step: the plan (paths, shapes, dtypes, strategy and
+    settings) and ``initial_weights``, a digest of the starting weights (``to_numpy`` turns one array
+    into NumPy)."""
+    fingerprint = plan_fingerprint(params, group_size=group_size, strategy=spec.strategy,
+                                   communication_size=spec.communication_size, clipping=spec.max_norm is not None,
+                                   num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    fingerprint["initial_weights"] = weights_digest((path, to_numpy(a)) for path, a in params)
+    return fingerprint
+
+
+def agree_on_start(exchange: Callable[[dict], float], fingerprint: dict, spec, rank: int) -> float:
+    """``exchange(fingerprint)`` (the framework's all-gather; its seconds), saying what differing weights mean.
+
+    Raises:
+        RanksDisagree: the plans differ (naming the field).
+        ValueError: on every rank, naming the ranks and the factory, when the starting weights differ.
+    """
+    try:
+        return exchange(fingerprint)
+    except RanksDisagree as err:
+        if err.field != "initial_weights":
+            raise
+        who = f"the model factory {spec.model_factory!r}" if spec.model_factory else "the built-in LM"
+        generators = "Python's random, numpy.random" + (" and mlx.core.random" if spec.framework == "mlx" else "")
+        raise ValueError(f"ranks {err.ranks} start from other weights than rank 0 (this is rank {rank}): {who} "
+                         f"built different weights on them, although every rank seeded {generators} with "
+                         f"init_seed={spec.init_seed} before calling it. It draws from a generator the workbench "
+                         "cannot seed (os.urandom, the time, numpy.random.default_rng() or a JAX key without a "
+                         "seed?): make its weights from its seed argument.") from None
+
+
+def check_finite_loss(loss: float, step: int, rank: int) -> None:
+    """Raises ``FloatingPointError`` naming the step and the rank when ``loss`` is NaN or infinite."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"rank {rank}: the loss of step {step} is {loss}, not finite (diverged, or a "
+                                 "batch the model cannot take): the run stops here rather than train on NaN")
+
+
+def check_user_run(spec, build: Callable[[Any], ModelSpec] | None = None) -> ModelSpec | None:
+    """Before any engine starts: the data, then the user model's spec (None for the built-in LM) and its shards.
+
+    Args:
+        spec: The run.
+        build: Builds the user model's spec (the driver's runs it in a bounded subprocess); default
+            :func:`user_model_spec`, here.
+
+    Raises:
+        ValueError: ``RunSpec.data_sha256`` when the token file changed since the spec was made,
+            ``RunSpec.data`` when a token is ``>= vocab_size`` or its dtype is wrong, the factory's return
+            or vocabulary (named), or ``RunSpec.strategy`` when a layout cannot tile one of the model's
+            arrays over ``num_ranks``.
+    """
     if spec.data is not None:
         from workbench.models.tokens import load_token_file
 
+        spec.check_data_unchanged()
         try:
             load_token_file(spec.data, dtype=spec.data_dtype, vocab_size=spec.model["vocab_size"])
         except ValueError as err:
             raise ValueError(f"RunSpec.data={spec.data!r}: {err} (model['vocab_size'] is the model's vocabulary)") \
                 from None
+    if spec.model_factory is None:
+        return None
+    model = (build or user_model_spec)(spec)
+    if spec.strategy != "ddp":
+        try:
+            plan_shards(plan_buckets(model, spec.communication_size), spec.num_ranks,
+                        "flat" if spec.strategy == "fsdp-flat" else "row")
+        except ValueError as err:
+            raise ValueError(f"RunSpec.strategy={spec.strategy!r}: {err}") from None
     return model

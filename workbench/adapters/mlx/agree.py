@@ -18,18 +18,14 @@ from typing import Any, Mapping
 import mlx.core as mx
 
 from workbench.core.fingerprint import (
+    MARKER,
+    MAX_FIELDS,
     RanksDisagree,
-    field_hashes,
-    first_mismatch,
+    check_rows,
+    fingerprint_row,
     plan_fingerprint,
 )
 from workbench.core.shards import ShardPlan
-
-#: Fields exchanged (a fingerprint with more fields compares its first ones).
-MAX_FIELDS = 16
-
-#: First integer of every rank's row: a row without it was not a plan (the peer ran another collective).
-MARKER = 0x57424B31
 
 #: (plan, settings) pairs already checked; bounded, least recently used dropped first.
 AGREED_CACHE_SIZE = 256
@@ -46,22 +42,12 @@ def check_ranks_agree(group: Any, fingerprint: Mapping[str, Any]) -> float:
     t0 = time.perf_counter()
     if group.size() == 1:
         return 0.0
-    names = list(fingerprint)[:MAX_FIELDS]
-    hashes = field_hashes(fingerprint)[:MAX_FIELDS]
-    # The group size and the number of fields go first, and the array has a fixed length: a rank
-    # with other fields still gathers as many integers, so the exchange itself cannot hang.
-    local = mx.array([MARKER, group.size(), len(fingerprint), *hashes, *[0] * (MAX_FIELDS - len(hashes))],
-                     dtype=mx.int32)
+    # A fixed-length row (fingerprint_row): a rank with other fields still gathers as many integers,
+    # so the exchange itself cannot hang.
+    local = mx.array(fingerprint_row(fingerprint, group.size()), dtype=mx.int32)
     table = mx.distributed.all_gather(local[None], group=group)
     mx.eval(table)
-    rows = table.reshape(group.size(), -1).tolist()
-    strays = [r for r, row in enumerate(rows) if row[0] != MARKER]
-    if strays:
-        raise RanksDisagree("the step they are in", strays, group.rank(), "comparing plans", out_of_step=True)
-    found = first_mismatch(["group_size", "number of fields", *names], [row[1:] for row in rows])
-    if found is not None:
-        name, ranks = found
-        raise RanksDisagree(name, ranks, group.rank(), fingerprint.get(name, len(fingerprint)))
+    check_rows(table.reshape(group.size(), -1).tolist(), fingerprint, group.rank())
     return time.perf_counter() - t0
 
 
@@ -100,4 +86,4 @@ def forget_agreements() -> None:
     _AGREED.clear()
 
 
-__all__ = ["RanksDisagree", "agree_on_step", "agree_once", "check_ranks_agree", "forget_agreements"]
+__all__ = ["MARKER", "MAX_FIELDS", "RanksDisagree", "agree_on_step", "agree_once", "check_ranks_agree", "forget_agreements"]
