@@ -167,6 +167,9 @@ def test_no_word_of_plm_rsh_args_carries_whitespace_or_another_option(tmp_path):
     smuggle(plan.hosts[1], user="other")
     with pytest.raises(ValueError, match=r"same ssh user and port; the hosts' differ \(users \['me -oProxy.*'other'\]"):
         mpi_args(plan, "10.0.0.1", tmp_path, ssh_options(None, 5))
+    named = plan_hosts_launch(HostsFile(hosts=(Host(address="10.0.0.11"), Host(address="node2"))), framework="jax")
+    with pytest.raises(ValueError, match=r"launcher='mpi' needs each host's IPv4 address .* host node2"):
+        mpi_args(named, "10.0.0.1", tmp_path, ssh_options(None, 5))
 
 
 # ------------------------------------------------------------------------------------------ on the rig

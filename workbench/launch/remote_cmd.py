@@ -11,6 +11,7 @@ its braces escaped from ipyparallel's ``EvalFormatter``.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -84,9 +85,21 @@ def rsh_args(words: list[str]) -> str:
     return " ".join(words)
 
 
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+        return True
+    except ValueError:
+        return False
+
+
 def mpi_args(plan: MultiHostPlan, controller_ip: str, workdir: Path, ssh_args: list[str]) -> list[str]:
     """``mpiexec`` arguments (OpenMPI) placing rank r on ``plan.host_of(r)``: the hostfile, slot order,
     its daemons started by ssh (one hop each), and its own traffic on the hosts' addresses only."""
+    named = [h.address for h in plan.used_hosts if not _is_ip(h.address)]
+    if named:  # OpenMPI's *_if_include take subnets, and a name is none
+        raise ValueError(f"launcher='mpi' needs each host's IPv4 address (OpenMPI keeps its traffic to their /32 "
+                         f"subnets); give the address of host {', '.join(named)}, or use launcher='ssh'")
     path = Path(workdir) / "openmpi-hostfile"
     path.write_text(openmpi_hostfile(plan))
     nets = ",".join(f"{a}/32" for a in [controller_ip, *(h.address for h in plan.used_hosts)])
