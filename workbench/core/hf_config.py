@@ -17,7 +17,17 @@ twice, more than ``MAX_NUM_LAYERS`` layers or ``MAX_NUM_EXPERTS`` experts, more 
 ``MAX_NUM_ARRAYS`` parameter arrays, or more than ``MAX_NUM_PARAMS`` parameters.
 
 What is counted, per ``transformers`` (``sum(p.numel() for p in model.parameters())``): tied
-embeddings once; buffers never. Two documented choices:
+embeddings once; buffers never. Where a published config leaves something out, the builder does what
+``transformers`` does with it:
+
+* No ``torch_dtype`` (or ``dtype``), as in every published GPT-2 config: the parameters are float32
+  (:data:`NO_DTYPE_DEFAULT`), the dtype ``transformers`` creates such a model in (torch's default dtype;
+  ``_get_dtype`` in ``modeling_utils.py`` of 4.57.6, ``from_config`` in 5.24.0); a ``UserWarning`` says so
+  in one line. Pass ``dtype=...`` to choose.
+* Gemma 3's sparse ``text_config``: shape fields it leaves out take ``Gemma3TextConfig``'s defaults
+  (:data:`~workbench.core.hf_families.GEMMA3_TEXT_DEFAULTS`; e.g. 262,208 tokens, 8 heads, head_dim 256).
+
+Two documented choices:
 
 * ``quantization_config`` is not read: the spec is the unquantized model in ``torch_dtype``
   (e.g. DeepSeek-V3's FP8 checkpoint is described as the bf16 model it trains as; FP8 block-scale
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -43,10 +54,15 @@ from workbench.core.hf_families import FAMILIES, HFFields, Rows
 from workbench.core.specs import ModelSpec, ParamSpec, canonical_dtype
 from workbench.core.units import MiB
 
-__all__ = ["MAX_CONFIG_BYTES", "SHAPE_FIELDS", "SUPPORTED_MODEL_TYPES", "load_hf_config", "spec_from_hf_config"]
+__all__ = ["MAX_CONFIG_BYTES", "NO_DTYPE_DEFAULT", "SHAPE_FIELDS", "SUPPORTED_MODEL_TYPES", "fill_defaults",
+           "load_hf_config", "spec_from_hf_config"]
 
 #: The largest ``config.json`` read, in bytes (published ones are under 100 KiB).
 MAX_CONFIG_BYTES = 16 * MiB
+
+#: The parameters' dtype when a config names none and no ``dtype=`` is given: ``transformers`` creates a
+#: model from such a config in torch's default dtype, float32.
+NO_DTYPE_DEFAULT = "float32"
 
 #: The ``model_type`` values :func:`spec_from_hf_config` builds.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
@@ -111,8 +127,26 @@ def load_hf_config(config: str | os.PathLike | Mapping[str, object]) -> tuple[di
     return raw, str(path)
 
 
+def fill_defaults(raw: Mapping[str, object]) -> dict:
+    """``raw`` with the fields its config class fills when a config leaves them out (Gemma 3's text config).
+
+    The fields a supported family's builder reads (:attr:`~workbench.core.hf_families.Family.defaults`)
+    are added where absent; a field given, even as null, is kept. Any other config comes back unchanged.
+
+    Args:
+        raw: A parsed ``config.json``.
+
+    Returns:
+        A new dict.
+    """
+    model_type = raw.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    return {**family.defaults, **raw} if family else dict(raw)
+
+
 def _config_dtype(f: HFFields, override: object) -> str:
-    """The canonical dtype: ``override``, else the config's ``torch_dtype`` / ``dtype`` (which must agree)."""
+    """The canonical dtype: ``override``, else the config's ``torch_dtype`` / ``dtype`` (which must agree),
+    else :data:`NO_DTYPE_DEFAULT` with a one-line ``UserWarning``."""
     if override is not None:
         return canonical_dtype(override)
     found: dict[str, str] = {}
@@ -127,8 +161,9 @@ def _config_dtype(f: HFFields, override: object) -> str:
         except ValueError as err:
             raise f.error(key, f"= {shown(value)} is not a dtype the workbench knows ({err}).") from err
     if not found:
-        raise f.error("torch_dtype", "(or 'dtype') is absent, so the parameters' dtype is unknown; "
-                                     "pass dtype=..., e.g. dtype='bfloat16'.")
+        warnings.warn(f"{f.where}: no 'torch_dtype' (or 'dtype'), so the parameters are {NO_DTYPE_DEFAULT}, "
+                      "as transformers creates such a model; pass dtype=... to choose.", UserWarning, stacklevel=3)
+        return NO_DTYPE_DEFAULT
     if len(set(found.values())) > 1:
         raise f.error("dtype", f"and 'torch_dtype' disagree ({found['dtype']} vs {found['torch_dtype']}); "
                                "pass dtype=... to choose.")
@@ -182,6 +217,18 @@ def _check_total(f: HFFields, rows: Rows) -> None:
                          f"more than {MAX_NUM_PARAMS:,} (the bound).")
 
 
+def _multimodal_hint(raw: Mapping[str, object]) -> str:
+    """How to build the language model of a multimodal config (its ``text_config``), or ``""``."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping) or not isinstance(text.get("model_type"), str) or \
+            text["model_type"] not in FAMILIES:
+        return ""
+    dtype = raw.get("torch_dtype") or raw.get("dtype")
+    keyword = f", dtype={shown(dtype)}" if isinstance(dtype, str) else ""
+    return (f" (a multimodal config; its language model alone is spec_from_hf_config(config['text_config']"
+            f"{keyword}): {text['model_type']!r}, without the vision tower)")
+
+
 def spec_from_hf_config(
     config: str | os.PathLike | Mapping[str, object],
     *,
@@ -196,12 +243,13 @@ def spec_from_hf_config(
             ``model_type`` must be one of :data:`SUPPORTED_MODEL_TYPES`.
         dtype: Element type of every parameter (any name
             :func:`~workbench.core.specs.canonical_dtype` accepts). ``None``: the config's
-            ``torch_dtype`` (or ``dtype``).
+            ``torch_dtype`` (or ``dtype``); if it has neither (GPT-2's), :data:`NO_DTYPE_DEFAULT`
+            (float32, as ``transformers`` does) with a one-line ``UserWarning``.
         name: The spec's name. ``None``: the config's ``_name_or_path``, else the file's stem
             (the folder's name for ``config.json``), else the ``model_type``.
-        include_mtp: DeepSeek-V3 only: also build the ``num_nextn_predict_layers`` multi-token-
-            prediction layers (``model.layers.{num_hidden_layers + k}``), which ``transformers``
-            does not build and the published 671B does not count.
+        include_mtp: DeepSeek-V3 and Kimi K2 only: also build the ``num_nextn_predict_layers``
+            multi-token-prediction layers (``model.layers.{num_hidden_layers + k}``), which
+            ``transformers`` does not build and the published 671B does not count.
 
     Returns:
         A :class:`~workbench.core.specs.ModelSpec` in ``named_parameters()`` order:
@@ -211,7 +259,7 @@ def spec_from_hf_config(
     Raises:
         ValueError: on an unsupported ``model_type``; a missing or malformed required field; a
             shape-changing field the builder cannot honour (:data:`SHAPE_FIELDS`, ``layer_types``,
-            a non-causal-LM ``architectures`` entry); an unknown or missing dtype;
+            a non-causal-LM ``architectures`` entry); an unknown dtype;
             ``include_mtp`` for a config without MTP layers; or a size past a bound of
             :mod:`workbench.core.checks` (``MAX_NUM_LAYERS`` = 4,096 layers, ``MAX_NUM_EXPERTS`` =
             4,096 experts, ``MAX_NUM_ARRAYS`` = 2**18 arrays, ``MAX_NUM_PARAMS`` = 10**15 parameters,
@@ -226,14 +274,15 @@ def spec_from_hf_config(
     if not isinstance(model_type, str):
         raise f.error("model_type", f"must be a string such as \"llama\", got {shown(model_type)}.")
     if model_type not in FAMILIES:
-        hint = " (a multimodal config: pass its 'text_config' dict if that is a supported text model)" \
-            if isinstance(raw.get("text_config"), Mapping) else ""
-        raise f.error("model_type", f"= {shown(model_type)} is not supported{hint}; supported: "
+        raise f.error("model_type", f"= {shown(model_type)} is not supported{_multimodal_hint(raw)}; supported: "
                                     f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
-    if include_mtp and model_type != "deepseek_v3":
-        raise f.error("model_type", f"= {model_type!r} has no multi-token-prediction layers; include_mtp "
-                                    "applies to deepseek_v3 only.")
     family = FAMILIES[model_type]
+    if include_mtp and not family.mtp:
+        raise f.error("model_type", f"= {model_type!r} has no multi-token-prediction layers; include_mtp "
+                                    f"applies to {', '.join(k for k, v in FAMILIES.items() if v.mtp)} only.")
+    if family.defaults:
+        raw = fill_defaults(raw)
+        f = HFFields(raw, where)
     _check_honoured(f, model_type, family.reads)
     param_dtype = _config_dtype(f, dtype)
     if not isinstance(raw.get("_name_or_path", ""), (str, type(None))):
