@@ -9,7 +9,8 @@ Parts:
 * ``fidelity``: ``fully_shard`` (each block, then the root, the user's loop style) under
   :func:`supply_sum_scatter` against DDP (``nn.average_gradients``), several steps, on the built-in LM
   (with ``clip_grad_norm_sharded`` against ``clip_grad_norm``; fp32 and bf16) and on
-  ``examples.tiny_mlp_lm`` (units named by the user); collectives counted by a spy;
+  ``examples.tiny_mlp_lm`` (units named by the user); collectives counted by a spy; and the
+  :class:`FullyShardTrainer` (2 micro-batches) against the same DDP;
 * ``zero3``: the workbench's ZeRO-3 gradients against ``fully_shard``'s, one step;
 * ``readiness``: the readiness check's refusals against what MLX itself raises (or lets through and fails on);
 * ``memory``: peak bytes of one step (after a warm-up step) per strategy on a larger LM;
@@ -46,6 +47,7 @@ from workbench.adapters.mlx.fully_shard import (
     supply_sum_scatter,
     unwrap_path,
 )
+from workbench.adapters.mlx.fully_shard_trainer import FullyShardTrainer
 from workbench.adapters.mlx.zero3 import shard_model
 from workbench.core.fully_shard_plan import plan_fully_shard
 from workbench.core.paths import REPO_ROOT
@@ -155,6 +157,13 @@ def part_fidelity(group, spy) -> dict:
         model = fully_shard_units(cast(build(SMALL)), group)
         fs = run_fully_shard(model, lm_loss, lm_batches, group, optim.SGD(0.5), spy, max_norm=1.0)
         out[f"lm_{dtype}"] = {"ddp": ddp, "fully_shard": fs}
+    trainer = FullyShardTrainer(build(SMALL), optim.SGD(0.5), group, max_norm=1.0, num_microbatches=2)
+    res = {"losses": [], "norms": []}
+    for x, y in lm_batches:  # against lm_float32's DDP: 2 micro-batches of the same batches
+        loss, norm = trainer.step(lm_loss, x, y)
+        res["losses"].append(loss.item())
+        res["norms"].append(norm.item())
+    out["trainer"] = {**res, "report": trainer.report, "params": flat(trainer.full_parameters())}
     adam = lambda: optim.AdamW(1e-2, weight_decay=0.01)  # noqa: E731
     out["lm_adamw"] = {"ddp": run_ddp(build(SMALL), lm_loss, lm_batches, group, adam()),
                        "fully_shard": run_fully_shard(fully_shard_units(build(SMALL), group), lm_loss, lm_batches,

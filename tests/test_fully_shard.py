@@ -153,6 +153,28 @@ def test_the_api_table_matches_the_installed_mlx():
 # ----------------------------------------------------------------------------- one process: the shim's no-op
 
 
+def test_the_trainer_over_one_rank_is_a_plain_step_and_refuses_deferred_sync():
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten
+
+    from workbench.adapters.mlx.fully_shard_trainer import FullyShardTrainer
+    from workbench.models.mlx_lm import lm_loss
+    from workbench.ranks.mlx_zero3_check import SMALL, batch, build
+
+    plain, opt = build(SMALL), optim.SGD(0.5)
+    trainer = FullyShardTrainer(build(SMALL), optim.SGD(0.5), max_norm=1.0, num_microbatches=2)
+    for step in range(2):
+        x, y = batch(SMALL, step, 0, 1)
+        grads, _ = optim.clip_grad_norm(nn.value_and_grad(plain, lm_loss)(plain, x, y)[1], 1.0)
+        opt.update(plain, grads)
+        trainer.step(lm_loss, x, y)
+    assert_allclose({k: np.array(v) for k, v in trainer.full_parameters().items()},
+                    {k: np.array(v) for k, v in tree_flatten(plain.parameters())}, 1e-5, 1e-6)
+    assert trainer.report["num_all_gathers"] == 0 and trainer.report["reduce_scatter_transport"] == "sum_scatter"
+    with pytest.raises(ValueError, match="defer_sync=True: MLX's fully_shard reduce-scatters in every backward"):
+        FullyShardTrainer(build(SMALL), optim.SGD(0.5), num_microbatches=2, defer_sync=True)
+
+
 def test_a_group_of_one_needs_no_sum_scatter_and_changes_nothing():
     group = mx.distributed.init()  # no backend: one rank
     with supply_sum_scatter(group) as supply:
@@ -247,6 +269,23 @@ def test_fully_shard_with_the_shim_equals_ddp(ranks):
         assert_allclose(bf16["fully_shard"]["grads"], bf16["ddp"]["grads"], 2 * 2**-8)
         assert bf16["fully_shard"]["losses"][0] == bf16["ddp"]["losses"][0]  # same weights, gathered
         assert f["user_factory"]["fully_shard"]["params"] == ranks[0]["fidelity"]["user_factory"]["fully_shard"]["params"]
+
+
+def test_the_trainer_with_micro_batches_equals_ddp_and_reports_its_collectives(ranks):
+    """FullyShardTrainer (the interface a run's rank program drives), 2 micro-batches of the same batches as
+    the fp32 DDP case with clipping: same parameters within fp32 allclose (micro-batch sums in another order)."""
+    for rank in ranks:
+        n, f = rank["size"], rank["fidelity"]
+        t, ddp = f["trainer"], f["lm_float32"]["ddp"]
+        assert_allclose(t["params"], ddp["params"], 1e-5, 1e-6)
+        np.testing.assert_allclose(t["losses"], ddp["losses"], rtol=1e-6)
+        np.testing.assert_allclose(t["norms"], ddp["norms"], rtol=1e-6)
+        assert t["report"] == {
+            "strategy": "mlx-fully-shard", "num_microbatches": 2, "defer_sync": False, "num_units": 3,
+            "num_all_gathers": 6, "num_reduce_scatters": 6, "num_supplied_reduce_scatters": 6, "num_all_sums": 1,
+            "reduce_scatter_transport": "ring", "ring_transport": "all_gather exchange" if n == 2 else "send/recv",
+            "all_gather_bytes_sent": 2 * 4 * LM_PARAMS * (n - 1) // n,
+            "reduce_scatter_bytes_sent": 2 * 4 * LM_PARAMS * (n - 1) // n}
 
 
 def test_collectives_and_optimizer_state_follow_the_plan(ranks):
