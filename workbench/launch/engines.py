@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import tempfile
 import time
@@ -27,13 +26,13 @@ from typing import Any, Callable
 from workbench.launch.plan import LaunchPlan, plan_launch
 from workbench.launch.reaper import Reaper, start_reaper
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
 #: The controller's heartbeat. It completes an engine's registration only on the beat after the engine
 #: connects, so ipyparallel's default period (3 s) made every run wait about 6 s for its engines
 #: (measured: 5.9 s to register 2 engines; 0.9 s at 0.5 s). 20 missed beats (10 s) declare an engine dead.
 FAST_HEARTBEAT = ("--HeartMonitor.period=500", "--HeartMonitor.max_heartbeat_misses=20")
+#: Longest wait, in seconds, for a dead engine's process to end before its error is written (it has
+#: normally ended already: ipyparallel's nanny reports the death after the exit).
+DEATH_WAIT_S = 10.0
 
 
 class EngineFailure(RuntimeError):
@@ -56,22 +55,36 @@ class EngineRun:
     workdir: Path
     _tmp: Any = field(default=None, repr=False)
     started_s: float = 0.0
-    launchers: dict[int, Any] = field(default_factory=dict, repr=False)  # rank -> ipyparallel engine launcher
+    launchers: dict[int, Any] = field(default_factory=dict, repr=False)  # rank -> ipyparallel engine set launcher
+    #: rank -> that set's engine launchers, kept here: ipyparallel's loop (a notebook's) drops a stopped one from its set
+    engine_launchers: dict[int, list] = field(default_factory=dict, repr=False)
     reaper: Reaper | None = field(default=None, repr=False)  # kills all of it if the driver dies
 
-    def output_tail(self, rank: int, chars: int = 1500) -> str:
-        """The last ``chars`` of rank ``rank``'s engine output (its log, colour codes removed): why
-        an engine that died without raising died (an abort in native code, a clash on a port)."""
-        launcher = self.launchers.get(rank)
-        try:
-            # Where ipyparallel's event loop runs (a notebook's kernel), it notices an engine's exit, moves
-            # the engine's output into the set's ``outputs`` and deletes the log file: read both (copies:
-            # that loop's callbacks edit them).
-            kept, subs = list(getattr(launcher, "outputs", {}).values()), list(launcher.launchers.values())
-            text = "".join([*kept, *(sub.get_output() for sub in subs)])
-        except Exception:  # no launcher, or a remote one that holds no output here
-            return ""
-        return _ANSI.sub("", text)[-chars:].strip()
+    def output_tail(self, rank: int) -> str:
+        """The last lines rank ``rank``'s engine wrote (its log, without ipyparallel's chatter): why an
+        engine that died without raising died (an abort in native code, a clash on a port)."""
+        from workbench.launch.outstream import last_words, read_output
+
+        launchers = self.engine_launchers.get(rank) or list(getattr(self.launchers.get(rank), "launchers", {}).values())
+        return last_words("".join(read_output(sub) for sub in launchers))
+
+    def death_report(self, rank: int, wait_s: float = DEATH_WAIT_S) -> str:
+        """How rank ``rank``'s engine ended (exit code or signal) and the last lines it wrote.
+
+        The engine's output is read once its process has ended (waiting up to ``wait_s``): everything it
+        wrote is in its log by then. An engine still running after ``wait_s`` (the controller gave up on
+        its heartbeat) is said to be so.
+        """
+        from workbench.launch.outstream import describe_exit, exit_status
+
+        local = [exit_status(sub, wait_s) for sub in self.engine_launchers.get(rank, [])]
+        if not local:
+            how = "exit status unknown: not started on this machine"
+        elif all(ended for ended, _ in local):
+            how = ", ".join(describe_exit(code) for _, code in local)
+        else:
+            how = f"the controller lost it (missed heartbeats?), though its process still ran {wait_s:g} s later"
+        return f"the engine of rank {rank} died ({how}); its output ended:\n{self.output_tail(rank)}"
 
     def __enter__(self) -> "EngineRun":
         return self
@@ -87,8 +100,9 @@ class EngineRun:
         engines are stopped and the exception propagates.
 
         Raises:
-            EngineFailure: an engine died or raised (naming the rank), or ``timeout_s`` passed;
-                every engine is stopped first.
+            EngineFailure: an engine died (naming the rank, its exit code or signal and its last lines;
+                :meth:`death_report`) or raised (naming the rank), or ``timeout_s`` passed; every engine is
+                stopped first.
         """
         if len(rank_args) != self.plan.num_ranks:
             raise ValueError(f"rank_args has {len(rank_args)} entries for {self.plan.num_ranks} ranks.")
@@ -109,9 +123,9 @@ class EngineRun:
                     r = min(failed, key=lambda k: (getattr(failed[k], "ename", "") != "EngineError", k))
                     kind = getattr(failed[r], "ename", type(failed[r]).__name__)
                     others = f" (also failed: ranks {sorted(set(failed) - {r})})" if len(failed) > 1 else ""
-                    died = f"\nits output ended:\n{self.output_tail(r)}" if kind == "EngineError" else ""
-                    raise EngineFailure(f"rank {r} failed ({kind}){others}: {str(failed[r])[-2000:]}{died}", r) \
-                        from failed[r]
+                    # ipyparallel's "Engine 0 died" names its engine id, not the rank: say it in ranks
+                    why = self.death_report(r) if kind == "EngineError" else str(failed[r])[-2000:]
+                    raise EngineFailure(f"rank {r} failed ({kind}){others}: {why}", r) from failed[r]
                 if all(ar.ready() for ar in pending.values()):
                     return [pending[r].get(0) for r in range(self.plan.num_ranks)]
                 if time.monotonic() > deadline:
@@ -137,6 +151,11 @@ class EngineRun:
                 os.kill(pid, 9)
             except (ProcessLookupError, PermissionError):
                 pass
+        from workbench.launch.outstream import keep_output_decodable
+
+        for launchers in self.engine_launchers.values():
+            for sub in launchers:
+                keep_output_decodable(sub)
         try:
             if self.client is not None:
                 self.client.close()
@@ -196,7 +215,8 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
             before = set(cluster.engines)
             cluster.start_engines_sync(n=1, environment={**extra_env, **plan.rank_env[r], "WORKBENCH_RANK": str(r)})
             run.launchers.update({r: cluster.engines[key] for key in set(cluster.engines) - before})
-            for sub in run.launchers[r].launchers.values():
+            run.engine_launchers[r] = list(run.launchers[r].launchers.values())
+            for sub in run.engine_launchers[r]:
                 if isinstance(getattr(sub, "pid", None), int) and sub.pid > 0 and engine_launcher_class == "local":
                     run.reaper.watch(sub.pid)
         run.client = cluster.connect_client_sync()
