@@ -70,7 +70,8 @@ def test_a_killed_engine_fails_the_run_naming_the_rank_and_stops_the_others():
     with pytest.raises(EngineFailure, match=r"rank 1 failed \(EngineError\).*died") as info:
         run.apply(die_if_rank_one, [(0,), (1,)], timeout_s=60)
     assert info.value.rank == 1
-    assert "its output ended:" in str(info.value) and "native code says why: rank 1 aborts" in str(info.value)
+    assert "rank 1 died (exit code 9); its output ended:" in str(info.value), str(info.value)
+    assert "native code says why: rank 1 aborts" in str(info.value)
     assert time.monotonic() - t0 < 30
     assert wait_dead(pids) == []
 
