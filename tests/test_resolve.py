@@ -65,9 +65,8 @@ def test_errors_name_the_argument(model, match):
 
 
 def test_errors_name_the_callers_argument_and_the_field(tmp_path):
-    with pytest.raises(ValueError, match=r"^spec_or_preset: .*field 'torch_dtype'"):
-        resolve_spec({k: v for k, v in json.loads(LLAMA3.read_text()).items() if k != "torch_dtype"},
-                     argument="spec_or_preset")
+    with pytest.raises(ValueError, match=r"^spec_or_preset: .*field 'torch_dtype' = 'auto'"):
+        resolve_spec({**json.loads(LLAMA3.read_text()), "torch_dtype": "auto"}, argument="spec_or_preset")
     with pytest.raises(ValueError, match=r"^model: the folder .* holds no config.json"):
         resolve_spec(tmp_path)
     with pytest.raises(ValueError, match=r"^model: the ModelSpec 'tiny-llama' holds parameter shapes only"):

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from workbench.core.hf_config import load_hf_config, spec_from_hf_config
+from workbench.core.hf_config import fill_defaults, load_hf_config, spec_from_hf_config
 from workbench.core.hf_families import FAMILIES as HF_FAMILIES
 from workbench.core.hf_families import HFFields, attention_dims
 
@@ -33,13 +33,17 @@ __all__ = ["FAMILIES", "ArchitectureConfig", "architecture_from_hf_config", "is_
 #: except ``"qwen3-moe"`` (``model_type`` ``"qwen3_moe"``), the presets' older name.
 FAMILIES: dict[str, bool] = {
     "gpt2": False, "llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gemma2": False,
-    "gemma3_text": False, "phi3": False, "mixtral": True, "qwen3-moe": True, "deepseek_v3": True,
+    "gemma3_text": False, "phi3": False, "mixtral": True, "qwen3-moe": True, "deepseek_v2": True,
+    "deepseek_v3": True, "kimi_k2": True,
 }
 _MODEL_TYPE = {"qwen3-moe": "qwen3_moe"}
 _FAMILY = {v: k for k, v in _MODEL_TYPE.items()}
 #: The config field holding the routed experts per block, and whether experts have a width of their own.
 _EXPERTS = {"mixtral": ("num_local_experts", False), "qwen3_moe": ("num_experts", True),
-            "deepseek_v3": ("n_routed_experts", True)}
+            "deepseek_v2": ("n_routed_experts", True), "deepseek_v3": ("n_routed_experts", True),
+            "kimi_k2": ("n_routed_experts", True)}
+#: The DeepSeek-style (multi-head latent attention) types: their head width is ``qk_rope_head_dim``.
+_MLA = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 
 _LAYER_RE = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")
 _EXPERT_RE = re.compile(r"(?:^|\.)experts\.\d+\.")
@@ -191,6 +195,7 @@ def architecture_from_hf_config(config: str | os.PathLike | Mapping[str, object]
             cannot be derived (e.g. DeepSeek-V3 without ``intermediate_size``); the message names the field.
     """
     raw, where = load_hf_config(config)
+    raw = fill_defaults(raw)  # a sparse Gemma 3 text config reads as transformers fills it
     spec = spec_from_hf_config(config, dtype="float32", name=name)  # validates all; the count needs no dtype
     model_type = raw["model_type"]
     f = HFFields(raw, where)
@@ -202,7 +207,7 @@ def architecture_from_hf_config(config: str | os.PathLike | Mapping[str, object]
                     intermediate_size=f.count("n_inner", default=4 * d),
                     max_position_embeddings=f.count("n_positions"))
     else:
-        if model_type == "deepseek_v3":
+        if model_type in _MLA:
             nh = f.count("num_attention_heads")
             d, nkv, hd = f.count("hidden_size"), f.count("num_key_value_heads", default=nh), f.count("qk_rope_head_dim")
         else:

@@ -65,7 +65,8 @@ def resolve_spec(model: ModelArg, *, dtype: object = None, argument: str = "mode
         model: A preset name, a ``config.json`` path or folder, a config dict, an
             :class:`ArchitectureConfig` or a :class:`ModelSpec`.
         dtype: Element type of every parameter. ``None``: :data:`DEFAULT_DTYPE` for a preset or an
-            ``ArchitectureConfig``, the config's ``torch_dtype`` for a config (an error if it has none),
+            ``ArchitectureConfig``, the config's ``torch_dtype`` for a config (float32 with a warning if it
+            has none, as transformers builds it),
             a ``ModelSpec``'s own dtypes.
         argument: The caller's parameter name, for error messages.
 
