@@ -8,7 +8,7 @@ import time
 import pytest
 
 from workbench.launch.engines import EngineFailure, start_engines
-from workbench.launch.outstream import describe_exit, last_words
+from workbench.launch.outstream import describe_exit, exit_status, is_local_engine, last_words
 from workbench.launch.plan import plan_launch as _plan_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -124,3 +124,14 @@ def test_describe_exit_names_the_signal_or_the_code():
     assert describe_exit(-7).startswith("killed by SIGBUS")
     assert describe_exit(-15) == "killed by SIGTERM"
     assert describe_exit(None) == "exit status unknown"
+
+
+def test_an_engine_started_through_ssh_is_neither_waited_for_nor_read_as_a_local_one():
+    """Its launcher's process is the ssh client and its ``output_file`` the client's log, not the engine's."""
+    from ipyparallel.cluster.launcher import LocalEngineLauncher, SSHEngineLauncher
+
+    ssh = SSHEngineLauncher()
+    t0 = time.monotonic()
+    assert not is_local_engine(ssh) and exit_status(ssh, wait_s=30) == (False, None)
+    assert time.monotonic() - t0 < 5
+    assert is_local_engine(LocalEngineLauncher())

@@ -75,9 +75,9 @@ class EngineRun:
         wrote is in its log by then. An engine still running after ``wait_s`` (the controller gave up on
         its heartbeat) is said to be so.
         """
-        from workbench.launch.outstream import describe_exit, exit_status
+        from workbench.launch.outstream import describe_exit, exit_status, is_local_engine
 
-        local = [exit_status(sub, wait_s) for sub in self.engine_launchers.get(rank, [])]
+        local = [exit_status(sub, wait_s) for sub in self.engine_launchers.get(rank, []) if is_local_engine(sub)]
         if not local:
             how = "exit status unknown: not started on this machine"
         elif all(ended for ended, _ in local):

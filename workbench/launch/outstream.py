@@ -90,7 +90,7 @@ def describe_exit(code: int | None) -> str:
     return f"killed by {name}" + (f" ({SIGNAL_HINTS[name]})" if name in SIGNAL_HINTS else "")
 
 
-def _is_local(launcher: Any) -> bool:
+def is_local_engine(launcher: Any) -> bool:
     """An engine started on this machine by ipyparallel's local launcher (not imported: engines load this module)."""
     return any(cls.__name__ == "LocalEngineLauncher" for cls in type(launcher).__mro__)
 
@@ -103,7 +103,7 @@ def exit_status(launcher: Any, wait_s: float) -> tuple[bool, int | None]:
     it is not known: a remote engine, or one this process did not start.
     """
     process = getattr(launcher, "process", None)
-    if process is None or not _is_local(launcher):  # an ssh launcher's process is its ssh client
+    if process is None or not is_local_engine(launcher):  # an ssh launcher's process is its ssh client
         return False, None
     waiter = getattr(launcher, "_wait_thread", None)
     if waiter is not None:
@@ -118,7 +118,7 @@ def read_output(launcher: Any, max_bytes: int = 65536) -> str:
     """The last ``max_bytes`` of an engine launcher's output, decoded leniently (a crash can write bytes
     that are not UTF-8; ipyparallel's own reader raised on them and the run's error quoted nothing)."""
     path = getattr(launcher, "output_file", "")
-    if path and _is_local(launcher):
+    if path and is_local_engine(launcher):
         try:
             with open(path, "rb") as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
@@ -137,7 +137,7 @@ def keep_output_decodable(launcher: Any) -> None:
     ipyparallel reads a stopped engine's log strictly as UTF-8; a crash's stray bytes raised there, which
     cut the cluster's stop short and left the log and the cluster file behind. A read it already made is kept.
     """
-    if _is_local(launcher) and getattr(launcher, "_output", None) is None:
+    if is_local_engine(launcher) and getattr(launcher, "_output", None) is None:
         launcher._output = read_output(launcher)
 
 
