@@ -64,7 +64,10 @@ class DirectFdOutStream(OutStream):
         kwargs["echo"] = _FdWriter(fd)
         super().__init__(session, pub_thread, name, *args, **kwargs)
         if name == "stderr":
-            faulthandler.enable(file=fd, all_threads=False)  # the thread that crashed is the one to see
+            try:
+                faulthandler.enable(file=fd, all_threads=False)  # the thread that crashed is the one to see
+            except (OSError, ValueError, RuntimeError):  # no usable fd 2: the engine runs on without it
+                pass
 
 
 #: What a signal that ends an engine usually means.
