@@ -86,7 +86,8 @@ def check_model_main() -> None:
     """``python -m workbench.ranks.entry``: read a pickled ``(spec, import_paths)`` from stdin, build the
     user's model as an engine would (:func:`~workbench.ranks.user_model.user_model_spec`, in the driver's
     folders), and write a pickled ``("ok", ModelSpec)`` or ``("error", message)`` to stdout. The factory's
-    own output goes to stderr; the process exits as soon as the driver that started it is gone."""
+    own output goes to stderr; the process exits once it has answered, or as soon as the driver that started it
+    is gone."""
     result = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # print() in the factory lands on stderr, never in the result
     parent = os.getppid()
@@ -105,6 +106,9 @@ def check_model_main() -> None:
         out = ("error", str(err))
     pickle.dump(out, result)
     result.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # done: a thread the factory left running must not keep this process (and the driver) waiting
 
 
 if __name__ == "__main__":
