@@ -7,7 +7,7 @@ prints a line to Python's stderr, writes one natively to fd 2, then ends by ``os
     python3 benchmarks/bench_engine_death.py [--runs 10] [--burners 4]
 
 Measured on the 2-core machine beside 4 burners (load 6-10): 20/20 and 12/12 runs had all five parts.
-The code before (0508fca..9cb1f8b), 10 runs: rank 10/10, native line 10/10, cause 0/10, Python's line 0/10,
+The code at 9cb1f8b (before this fix), 10 runs: rank 10/10, native line 10/10, cause 0/10, Python's line 0/10,
 and every error said "Engine N died".
 """
 
