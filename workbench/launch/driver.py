@@ -253,12 +253,15 @@ def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, time
             return (engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id, paths)] * spec.num_ranks,
                                   timeout_s=max(0.1, deadline - began), on_poll=watchdog, poll_s=0.1),
                     engines.started_s)
-        except EngineFailure as err:  # out of time before any step: say what the ranks were doing
-            if err.rank is not None or getattr(err, "phases_told", False) or _has_steps(steps_path) \
-                    or time.monotonic() < deadline:
+        except EngineFailure as err:
+            stuck = getattr(err, "stuck", None)
+            if stuck is None:  # a rank failed, or the watchdog stopped the run and said why
                 raise
-            raise EngineFailure(f"run_training(timeout_s={timeout_s:g}): {err}: "
-                                f"{describe(time.monotonic() - began)}", None) from err
+            # The engines had what was left of the run's bound: name the bound the caller gave.
+            told = f"ranks {stuck} did not finish within {timeout_s:g} s (run_training's timeout_s, from the call)"
+            if not (getattr(err, "phases_told", False) or _has_steps(steps_path)):  # say what the ranks were doing
+                told = f"run_training(timeout_s={timeout_s:g}): {told}: {describe(time.monotonic() - began)}"
+            raise EngineFailure(told, None) from err
 
     try:
         results, ready_s = runner(spec.num_ranks, spec.framework, train, may_retry=lambda: not _has_steps(steps_path))

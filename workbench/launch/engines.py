@@ -130,7 +130,9 @@ class EngineRun:
                     return [pending[r].get(0) for r in range(self.plan.num_ranks)]
                 if time.monotonic() > deadline:
                     stuck = [r for r, ar in pending.items() if not ar.ready()]
-                    raise EngineFailure(f"ranks {stuck} did not finish within {timeout_s:g} s", None)
+                    timed_out = EngineFailure(f"ranks {stuck} did not finish within {timeout_s:g} s", None)
+                    timed_out.stuck = stuck
+                    raise timed_out
                 if on_poll is not None:
                     on_poll()
                 time.sleep(poll_s)
