@@ -145,6 +145,34 @@ def _long_int_at(value: Any, path: str = "") -> tuple[str, int] | None:
     return None
 
 
+def read_user_text(path, max_bytes: int, where: str, too_large: str) -> str:
+    """The UTF-8 text of a file a user edits (a config, a hosts file), read no further than ``max_bytes``.
+
+    The caller checks first that ``path`` is a regular file (a FIFO would block the read).
+
+    Args:
+        path: The file.
+        max_bytes: Largest size accepted, bytes.
+        where: How messages name the file (e.g. ``"hosts file h.toml"``).
+        too_large: Why no such file is that large, for the message.
+
+    Raises:
+        ValueError: starting with ``where``: the file cannot be read, is larger than ``max_bytes``, or
+            is not UTF-8 (naming the byte).
+    """
+    try:
+        with open(path, "rb") as file:
+            data = file.read(max_bytes + 1)
+    except OSError as err:
+        raise ValueError(f"{where}: cannot be read ({err.strerror or err}).") from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{where}: larger than {max_bytes:,} bytes, {too_large}.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{where}: not UTF-8 text (byte {err.start}: {err.reason}).") from None
+
+
 def loads_bounded(text: str | bytes, where: str = "JSON") -> Any:
     """``json.loads`` that refuses what Python would fail on without naming the field or the file.
 

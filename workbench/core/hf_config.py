@@ -49,7 +49,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from workbench.core.checks import MAX_NUM_PARAMS, loads_bounded, shown
+from workbench.core.checks import MAX_NUM_PARAMS, loads_bounded, read_user_text, shown
 from workbench.core.hf_families import FAMILIES, HFFields, Rows
 from workbench.core.specs import ModelSpec, ParamSpec, canonical_dtype
 from workbench.core.units import MiB
@@ -111,16 +111,9 @@ def load_hf_config(config: str | os.PathLike | Mapping[str, object]) -> tuple[di
             path = path / "config.json"
         if not path.is_file():
             raise ValueError(f"{path}: no such config file.")
-        with path.open("rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise ValueError(f"{shown(str(path))}: cannot be read ({err.strerror or err}).") from err
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes, which no config.json is.")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err}).") from err
+    text = read_user_text(path, MAX_CONFIG_BYTES, str(path), "which no config.json is")
     raw = loads_bounded(text, str(path))
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: holds a JSON {type(raw).__name__}, not an object of config fields.")

@@ -36,6 +36,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.core.checks import read_user_text
 from workbench.launch.host_values import NAME, PYTHON, USER, check_address, check_controller_ip, check_text
 from workbench.launch.plan import LaunchPlan, plan_launch, thread_env
 from workbench.ranks.jax_fsdp_check import GLOO_HOST_ENV
@@ -180,18 +181,9 @@ def load_hosts(path: str | Path, *, slots: int | None = None) -> HostsFile:
     path = Path(path).expanduser()
     if not path.is_file():  # a FIFO would block the read
         raise ValueError(f"hosts file {path}: {'not a regular file' if path.exists() else 'no such file'}")
+    text = read_user_text(path, MAX_FILE_BYTES, f"hosts file {path}", "too large for a list of hosts")
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise ValueError(f"hosts file {path}: cannot read it: {err.strerror or err}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ValueError(f"hosts file {path}: larger than {MAX_FILE_BYTES} bytes, too large for a list of hosts")
-    try:
-        text = raw.decode("utf-8")
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except UnicodeDecodeError as err:
-        raise ValueError(f"hosts file {path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     except (ValueError, RecursionError) as err:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         raise ValueError(f"hosts file {path}: cannot parse: {err}") from None
     return parse_hosts(data, source=str(path), slots=slots)
