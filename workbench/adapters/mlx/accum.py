@@ -93,7 +93,17 @@ def _accumulate(value_and_grad: Callable, model: Any, micro_batches: list, sync:
     return mx.mean(mx.stack(losses)), acc, sync_s
 
 
-class AccumTrainer:
+class PhasedTrainer:
+    """What every trainer shares: ``phase_hook`` (called with a phase's name as the step reaches it)."""
+
+    phase_hook: Callable[[str], None] | None = None
+
+    def _phase(self, name: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(name)
+
+
+class AccumTrainer(PhasedTrainer):
     """A DDP or FSDP (no parameter sharding) step over G micro-batches; build it with :func:`make_trainer`.
 
     Attributes:
@@ -114,7 +124,6 @@ class AccumTrainer:
         self.communication_size, self.layout = communication_size, layout
         self.transport = resolve_transport(group, reduce_scatter)
         self.report: dict = {}
-        self.phase_hook: Callable[[str], None] | None = None
 
     def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
         """One optimizer step over ``batch`` (this rank's part), split into G micro-batches.
@@ -185,12 +194,8 @@ class AccumTrainer:
         self._phase("updated")
         return loss, norm
 
-    def _phase(self, name: str) -> None:
-        if self.phase_hook is not None:
-            self.phase_hook(name)
 
-
-class Zero3Trainer:
+class Zero3Trainer(PhasedTrainer):
     """A full-sharding step over G micro-batches; build it with :func:`make_zero3_trainer`.
 
     Attributes:
@@ -205,7 +210,6 @@ class Zero3Trainer:
         self.model, self.optimizer, self.max_norm = model, optimizer, max_norm
         self.num_microbatches, self.defer_sync = num_microbatches, defer_sync
         self.report: dict = {}
-        self.phase_hook: Callable[[str], None] | None = None
 
     def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
         """One optimizer step, as :meth:`AccumTrainer.step`.
@@ -248,10 +252,6 @@ class Zero3Trainer:
                            num_all_sums=int(self.max_norm is not None and n > 1)) | z.comm.take()
         self._phase("updated")
         return loss, norm
-
-    def _phase(self, name: str) -> None:
-        if self.phase_hook is not None:
-            self.phase_hook(name)
 
     def full_parameters(self) -> dict[str, mx.array]:
         """``{original path: full array}`` of the model (gathered; for checks and checkpoints)."""

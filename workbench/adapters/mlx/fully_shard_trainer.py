@@ -17,13 +17,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 
-from workbench.adapters.mlx.accum import split_microbatches
+from workbench.adapters.mlx.accum import PhasedTrainer, split_microbatches
 from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.adapters.mlx.fully_shard import full_parameters, fully_shard_units, supply_sum_scatter
 from workbench.core.fully_shard_plan import plan_fully_shard
 
 
-class FullyShardTrainer:
+class FullyShardTrainer(PhasedTrainer):
     """One optimizer step of a ``fully_shard``-wrapped model over G micro-batches.
 
     Every micro-batch gathers and reduce-scatters every unit (``fully_shard`` cannot defer the sync);
@@ -65,7 +65,6 @@ class FullyShardTrainer:
         self.model = fully_shard_units(model, self.group, units=units, compute_dtype=compute_dtype)
         self.optimizer, self.max_norm, self.num_microbatches = optimizer, max_norm, num_microbatches
         self.report: dict = {}
-        self.phase_hook: Callable[[str], None] | None = None
 
     def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
         """One step on this rank's ``batch``: ``(mean loss, global gradient norm or None)``, evaluated."""
@@ -99,10 +98,6 @@ class FullyShardTrainer:
                            reduce_scatter_bytes_sent=summary["reduce_scatter_bytes_sent"])
         self._phase("updated")
         return loss, norm
-
-    def _phase(self, name: str) -> None:
-        if self.phase_hook is not None:
-            self.phase_hook(name)
 
     def full_parameters(self) -> dict[str, mx.array]:
         """``{original path: full array}`` (gathered; for checks and checkpoints)."""
