@@ -145,3 +145,37 @@ def test_a_non_finite_loss_fails_the_run_naming_the_step_and_the_rank(data, tmp_
     assert f"rank {outcome.rank}: the loss of step 0 is nan, not finite" in outcome.error
     steps = load_runs(tmp_path / "runs").steps
     assert list(steps.step) == [0] * len(steps) and steps.loss.isna().all()  # the step's rows are stored
+
+
+def test_position_and_segment_tables_are_not_the_token_table():
+    """A learned position table (GPT-2's wpe, the built-in LM's pos_embed) holds seq_len rows, not the
+    vocabulary: the check was refusing every such model. The largest embedding is the token table."""
+    import mlx.nn as nn
+    from flax import nnx
+
+    from workbench.adapters.jax.base import spec_from_nnx
+    from workbench.adapters.mlx.base import spec_from_mlx
+    from workbench.ranks.model_vocab import check_model_vocab
+
+    class Spec:
+        model_factory = "models:gpt"
+
+        def __init__(self, vocab_size):
+            self.model = {"vocab_size": vocab_size}
+
+    class MLXGPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe, self.segment = nn.Embedding(64, 8), nn.Embedding(16, 8), nn.Embedding(2, 8)
+            self.lm_head = nn.Linear(8, 64)
+
+    class NNXGPT(nnx.Module):
+        def __init__(self, rngs):
+            self.tokens, self.position = nnx.Embed(64, 8, rngs=rngs), nnx.Embed(16, 8, rngs=rngs)
+
+    for model, spec_of in ((MLXGPT(), spec_from_mlx), (NNXGPT(nnx.Rngs(0)), spec_from_nnx)):
+        params = [(p.path, p.shape) for p in spec_of(model).params]
+        check_model_vocab(Spec(64), model, params)
+        with pytest.raises(ValueError, match=r"=65: the model of models:gpt holds 64 tokens in its token embedding "
+                                             r"'(wte.weight|tokens.embedding)'"):
+            check_model_vocab(Spec(65), model, params)

@@ -23,7 +23,7 @@ import math
 import os
 import random
 import sys
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from workbench.core.buckets import plan_buckets
 from workbench.core.fingerprint import RanksDisagree, plan_fingerprint, weights_digest
 from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec, spec_from_flat
+from workbench.ranks.model_vocab import check_model_vocab
 from workbench.runs.factory import add_import_paths, resolve_factory
 
 EXPECTED = {"mlx": "(mlx.nn.Module, loss_fn(model, inputs, targets))",
@@ -192,54 +193,6 @@ def user_model_spec(spec) -> ModelSpec:
         found = spec_from_nnx(model)
     check_model_vocab(spec, model, [(p.path, p.shape) for p in found.params])
     return spec_from_flat([(p.path, p.shape, spec.precision) for p in found.params], found.name)
-
-
-#: Module names of a token embedding, and of an output head (a top-level module), in common model code.
-EMBED_NAMES = ("embed", "embed_tokens", "embedding", "tok_embeddings", "token_embedding", "wte", "word_embeddings")
-HEAD_NAMES = ("head", "lm_head", "output", "unembed")
-
-
-def vocab_tables(model, params: Iterable[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[str, int]]:
-    """``{path: (what, tokens)}`` of the model's token embeddings and output head: MLX ``nn.Embedding``
-    (and quantized) and NNX ``nnx.Embed`` modules, and 2-D parameters named as in :data:`EMBED_NAMES`
-    (rows) or :data:`HEAD_NAMES` (outputs: a ``kernel`` is ``(in, out)``, a ``weight`` ``(out, in)``)."""
-    found: dict[str, tuple[str, int]] = {}
-    if hasattr(model, "named_modules"):  # MLX
-        for name, module in model.named_modules():
-            if type(module).__name__ in ("Embedding", "QuantizedEmbedding"):
-                rows = getattr(module, "num_embeddings", None) or module.weight.shape[0]
-                found[f"{name}.weight" if name else "weight"] = ("token embedding", int(rows))
-    else:  # NNX
-        from flax import nnx
-
-        for path, node in nnx.iter_graph(model):
-            if isinstance(node, nnx.Embed):
-                found[".".join(map(str, (*path, "embedding")))] = ("token embedding", int(node.num_embeddings))
-    for path, shape in params:
-        parts = path.split(".")
-        if len(shape) != 2 or len(parts) < 2 or path in found or any(w in path for w in ("pos", "position")):
-            continue
-        if parts[-2] in EMBED_NAMES and parts[-1] in ("weight", "embedding"):
-            found[path] = ("token embedding", int(shape[0]))
-        elif len(parts) == 2 and parts[0] in HEAD_NAMES and parts[1] in ("weight", "kernel"):
-            found[path] = ("output head", int(shape[-1] if parts[1] == "kernel" else shape[0]))
-    return found
-
-
-def check_model_vocab(spec, model, params: Iterable[tuple[str, tuple[int, ...]]]) -> None:
-    """The model's token embedding and head must hold ``model['vocab_size']`` tokens (more is padding).
-
-    Raises:
-        ValueError: naming ``RunSpec.model['vocab_size']``, both numbers and the parameter: a token past an
-            embedding's rows makes an engine read out of bounds (a crash or garbage), not an error.
-    """
-    vocab_size = spec.model["vocab_size"]
-    for path, (what, tokens) in vocab_tables(model, params).items():
-        if tokens < vocab_size:
-            raise ValueError(f"RunSpec.model['vocab_size']={vocab_size}: the model of {spec.model_factory} holds "
-                             f"{tokens} tokens in its {what} '{path}', fewer than vocab_size (a token >= {tokens} "
-                             f"would index past it); declare model['vocab_size'] <= {tokens}, or build the model for "
-                             f"{vocab_size} tokens")
 
 
 def start_fingerprint(spec, params: list[tuple[str, Any]], group_size: int,
