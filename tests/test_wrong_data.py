@@ -77,6 +77,16 @@ def test_a_batch_of_a_file_changed_during_the_run_fails_naming_the_file_and_the_
     spec = user_spec()
     batch_for_step = global_batches(spec)
     assert batch_for_step(0).max() < 256
+    same = batch_for_step(1)
+    os.utime(data, ns=(1, 1))  # touched (or the same bytes copied back): the same data trains on
+    assert np.array_equal(batch_for_step(1), same)
+    with open(data, "r+b") as f:  # the same size, other bytes, a new modification time
+        f.write(b"\x01\x00")
+    with pytest.raises(ValueError, match=r"the token file changed during the run, before step 1 \(131072 bytes when "
+                                         r"opened, 131072 now, other bytes\)"):
+        batch_for_step(1)
+    shutil.copy(DATA, data)
+    batch_for_step = global_batches(spec)
     before = os.stat(data)
     with open(data, "r+b") as f:  # overwritten in place with 0xFFFF, its modification time put back
         f.write(b"\xff" * before.st_size)

@@ -32,7 +32,7 @@ from workbench.core.fingerprint import RanksDisagree, plan_fingerprint, weights_
 from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec, spec_from_flat
 from workbench.ranks.model_vocab import check_model_vocab
-from workbench.runs.factory import add_import_paths, resolve_factory
+from workbench.runs.factory import add_import_paths, data_sha256, resolve_factory
 
 EXPECTED = {"mlx": "(mlx.nn.Module, loss_fn(model, inputs, targets))",
             "jax": "(flax.nnx.Module, loss_fn(params, (inputs, targets)))"}
@@ -159,15 +159,19 @@ def global_batches(spec) -> Callable[[int], np.ndarray]:
         return lambda step: sample_markov(chain, step, spec.global_batch, seq_len, seed=spec.data_seed)
     from workbench.models.tokens import check_batch_tokens, load_token_file, sample_batch
 
+    opened = os.stat(spec.data)  # before the map: a change after the engine's digest check is seen too
     tokens = load_token_file(spec.data, dtype=spec.data_dtype)
-    opened = os.stat(spec.data)
 
     def batch_for_step(step: int) -> np.ndarray:
+        nonlocal opened
         now = os.stat(spec.data)
         if (now.st_size, now.st_mtime_ns) != (opened.st_size, opened.st_mtime_ns):
-            raise ValueError(f"RunSpec.data={spec.data!r}: the token file changed during the run, before step {step} "
-                             f"({opened.st_size} bytes when opened, {now.st_size} now, modified since): stopped "
-                             "rather than train on other data")
+            # Touched, or the same bytes copied back: the same data, by its digest, trains on.
+            if now.st_size != opened.st_size or spec.data_sha256 is None or data_sha256(spec.data) != spec.data_sha256:
+                raise ValueError(f"RunSpec.data={spec.data!r}: the token file changed during the run, before step "
+                                 f"{step} ({opened.st_size} bytes when opened, {now.st_size} now, other bytes): "
+                                 "stopped rather than train on other data")
+            opened = now
         batch = sample_batch(tokens, step, spec.global_batch, seq_len, seed=spec.data_seed)
         check_batch_tokens(batch, vocab_size, where=f"RunSpec.data={spec.data!r}", step=step)
         return batch
