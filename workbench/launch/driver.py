@@ -10,12 +10,14 @@ model is first built here in a subprocess (:func:`build_user_model`), so ``timeo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,21 +118,23 @@ def build_user_model(spec: RunSpec, timeout_s: float) -> Any:
         ValueError: what the check raised (naming the factory), or the process ended without a result.
         TimeoutError: the factory did not return within ``timeout_s`` (the process is killed).
     """
-    child = subprocess.Popen([sys.executable, "-m", "workbench.ranks.entry"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = child.communicate(pickle.dumps((spec, import_paths())), timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        raise TimeoutError(f"the model factory {spec.model_factory!r} did not return within {timeout_s:.1f} s in "
-                           "the driver's check, before any engine started (its subprocess was stopped; nothing was "
-                           "stored)") from None
-    finally:
-        if child.poll() is None:  # interrupted: the check process does not outlive this call
-            child.kill()
+    # Output to files, not pipes: a process the factory starts and leaves running would hold a pipe open
+    # and keep a reader waiting past the check. The check runs in a session of its own, ended with it.
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        child = subprocess.Popen([sys.executable, "-m", "workbench.ranks.entry"], stdin=subprocess.PIPE,
+                                 stdout=out_file, stderr=err_file, start_new_session=True)
+        try:
+            child.communicate(pickle.dumps((spec, import_paths())), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the model factory {spec.model_factory!r} did not return within {timeout_s:.1f} s "
+                               "in the driver's check, before any engine started (its subprocess was stopped; "
+                               "nothing was stored)") from None
+        finally:  # done, timed out or interrupted: nothing the check started outlives this call
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-    text = err.decode("utf-8", "replace")
+        out = (out_file.seek(0), out_file.read())[1]
+        text = (err_file.seek(0), err_file.read())[1].decode("utf-8", "replace")
     if text:
         sys.stderr.write(text)
     try:

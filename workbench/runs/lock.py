@@ -90,9 +90,11 @@ def try_flock(path: Path, record: dict) -> int | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as err:  # held (BlockingIOError), or no locks here (ENOLCK on some NFS): no fd leaks
         os.close(fd)
-        return None
+        if isinstance(err, BlockingIOError):
+            return None
+        raise
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
