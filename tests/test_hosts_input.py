@@ -13,7 +13,7 @@ import re
 import pytest
 
 from workbench.launch.host_values import check_address, check_controller_ip
-from workbench.launch.hosts import Host, HostsFile, load_hosts, parse_hosts
+from workbench.launch.hosts import Host, HostsFile, load_hosts, parse_hosts, plan_hosts_launch
 from workbench.launch.remote import controller_address, runner_for
 
 GOOD = '[[hosts]]\naddress = "10.0.0.11"\n'
@@ -125,6 +125,8 @@ PAYLOADS = [  # (field, value, what the error says): the probes of issue 24 and 
     ("python", "$(reboot)", "is not the path of the Python"),
     ("python", "`reboot`", "is not the path of the Python"),
     ("python", "~/venv/bin/python", "no '~'"),
+    ("python", "LD_PRELOAD=/tmp/x.so", "is not the path of the Python"),  # an assignment word to the login shell
+    ("python", "%PATH%", "is not the path of the Python"),
     ("python", "-c", "starts with '-'"),
     ("python", "", "is empty"),
     ("address", "-oProxyCommand=x", "starts with '-'"),
@@ -208,3 +210,28 @@ def test_an_address_is_an_ipv4_address_or_a_name():
     assert check_address("10.0.0.11") == "10.0.0.11" and check_address("node-1.example") == "node-1.example"
     with pytest.raises(ValueError, match=r"dotted form \(10.0.0.11\)"):
         check_address("10.11")  # inet_aton reads it as 10.0.0.11: the file says what it means
+
+
+def test_an_ssh_config_someone_else_could_write_is_refused_before_ssh_reads_it(tmp_path):
+    """ssh obeys ProxyCommand, LocalCommand and Match exec in a -F file and checks nothing of it, so a
+    hosts file's ssh_config must be as private as ssh demands of ~/.ssh/config (found in review)."""
+    from workbench.launch.host_values import check_ssh_config_file
+    from workbench.launch.remote import start_remote_engines
+
+    config = tmp_path / "cfg"
+    config.write_text(f"Host *\n  ProxyCommand touch {tmp_path / 'pwned'}\n")
+    config.chmod(0o666)
+    with pytest.raises(ValueError, match=r"^ssh_config='.*cfg': owned by uid \d+ with mode -rw-rw-rw-; ssh runs the "
+                                         r"commands a config names"):
+        check_ssh_config_file(str(config))
+    plan = plan_hosts_launch(HostsFile(hosts=(Host(address="10.0.0.11"), Host(address="10.0.0.12"))), framework="jax")
+    with pytest.raises(ValueError, match=r"^ssh_config=.*writable by no one else"):  # before any controller or ssh
+        with start_remote_engines(plan, launcher="ssh", controller_ip="10.0.0.1", ssh_config=str(config),
+                                  timeout_s=5, workdir=tmp_path / "work"):
+            pass
+    assert not (tmp_path / "pwned").exists()
+    config.chmod(0o600)
+    assert check_ssh_config_file(str(config)) == str(config)
+    for bad, why in ((tmp_path, "not a regular file"), (tmp_path / "none", "cannot be read")):
+        with pytest.raises(ValueError, match=why):
+            check_ssh_config_file(str(bad))

@@ -61,7 +61,7 @@ def test_a_toml_hosts_file_is_loaded_and_validated(tmp_path):
     hf = load_hosts(path)
     assert hf.controller_ip == "10.0.0.1" and hf.ssh_config == "/etc/ssh/cfg" and hf.num_slots == 3
     assert hf.hosts[0] == Host(address="10.0.0.11", slots=2, user="me", python="/opt/py/bin/python")
-    assert hf.hosts[1].location == "node2" and hf.hosts[1].port == 2222 and hf.hosts[1].python == "python3"
+    assert hf.hosts[1].address == "node2" and hf.hosts[1].user is None and hf.hosts[1].port == 2222 and hf.hosts[1].python == "python3"
     assert load_hosts(path, slots=4).num_slots == 8
 
 

@@ -11,15 +11,17 @@ is split, and a leading ``-`` (an option) are refused, naming the field.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
+import stat
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")  # a DNS name, a Slurm node name, a label
 USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}\$?")  # POSIX user names (and Samba's trailing $)
-PYTHON = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./+,:=@%-]{0,4095}")  # a path or a command: no shell syntax
+PYTHON = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./+,:@-]{0,4095}")  # a path: no shell syntax, no NAME=value word
 _LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 _WHAT = {"address": "an IPv4 address or a host name", "user": "a user name (letters, digits, '.', '_', '-')",
-         "python": "the path of the Python on that host (letters, digits and ./_+,:=@%- only, no '~')",
+         "python": "the path of the Python on that host (letters, digits and ./_+,:@- only, no '~')",
          "name": "a label, also the host's Slurm node name (letters, digits, '.', '_', '-')",
          "ssh_config": "a path on this machine"}
 
@@ -120,4 +122,27 @@ def check_controller_ip(value, field: str = "controller_ip") -> str:
     return str(ip)
 
 
-__all__ = ["NAME", "PYTHON", "USER", "check_address", "check_controller_ip", "check_text"]
+def check_ssh_config_file(path: str, field: str = "ssh_config") -> str:
+    """``path`` if ssh may read it as ``-F``: a regular file owned by this user (or root), writable by no one else.
+
+    ssh runs the commands a config names (``ProxyCommand``, ``LocalCommand``, ``Match exec``,
+    ``KnownHostsCommand``) and checks nothing of a ``-F`` file; this is what it demands of ``~/.ssh/config``,
+    so a hosts file cannot point ssh at a config someone else could have written.
+
+    Raises:
+        ValueError: naming ``field`` and the file.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise ValueError(f"{field}={path!r}: cannot be read ({err.strerror or err})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{field}={path!r}: not a regular file")
+    if st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
+        raise ValueError(f"{field}={path!r}: owned by uid {st.st_uid} with mode {stat.filemode(st.st_mode)}; ssh "
+                         "runs the commands a config names (ProxyCommand, LocalCommand, Match exec), so it must be "
+                         "owned by you (or root) and writable by no one else, as ssh requires of ~/.ssh/config")
+    return path
+
+
+__all__ = ["NAME", "PYTHON", "USER", "check_address", "check_controller_ip", "check_ssh_config_file", "check_text"]

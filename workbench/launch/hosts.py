@@ -88,11 +88,6 @@ class Host:
         else:
             object.__setattr__(self, "name", self.address)
 
-    @property
-    def location(self) -> str:
-        """``user@address`` (or the address) as ssh takes it."""
-        return f"{self.user}@{self.address}" if self.user else self.address
-
 
 @dataclass(frozen=True, kw_only=True)
 class HostsFile:

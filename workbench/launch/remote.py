@@ -33,7 +33,7 @@ from workbench.launch.engines import (
     is_port_clash,
     run_on_fresh_ports,
 )
-from workbench.launch.host_values import check_controller_ip
+from workbench.launch.host_values import check_controller_ip, check_ssh_config_file
 from workbench.launch.hosts import HostsFile, MultiHostPlan, as_hosts, plan_hosts_launch
 from workbench.launch.remote_cmd import (  # noqa: F401  (slurm_template: imported from here before it moved)
     check_reachable,
@@ -155,6 +155,8 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
         workdir = Path(tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
     try:
+        if ssh_config:
+            check_ssh_config_file(ssh_config)
         ssh_args = ssh_options(ssh_config, connect_timeout_s)
         starts = engine_starts(plan, launcher, ip, workdir, ssh_args, slurm)  # built and checked: nothing started yet
         if launcher == "slurm":

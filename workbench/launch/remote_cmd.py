@@ -41,7 +41,8 @@ def ssh_engine_settings(plan: MultiHostPlan, rank: int, ssh_args: list[str]) -> 
     """Settings of ipyparallel's ``SSHEngineSetLauncher`` that start ``rank``'s engine on its host.
 
     ssh gets the user as ``-o User=<user>`` (one argument: a value can never be read as an option, as
-    ``<user>@host`` could), and the remote Python quoted, since ssh hands ``remote_python`` to the
+    ``<user>@host`` could), and the remote Python quoted (a backstop: :data:`PYTHON` admits no shell
+    syntax and no ``NAME=value`` word), since ssh hands ``remote_python`` to the
     host's login shell as a command string; the engine command itself runs there without a shell.
     """
     h = plan.host_of(rank)
