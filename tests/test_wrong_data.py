@@ -189,3 +189,17 @@ def test_position_and_segment_tables_are_not_the_token_table():
         with pytest.raises(ValueError, match=r"=65: the model of models:gpt holds 64 tokens in its token embedding "
                                              r"'(wte.weight|tokens.embedding)'"):
             check_model_vocab(Spec(65), model, params)
+
+
+def test_a_spec_copied_onto_other_data_says_to_drop_the_old_digest(data, tmp_path):
+    """dataclasses.replace carries data_sha256 over: the refusal names the remedy, which works."""
+    import dataclasses
+
+    other = tmp_path / "other.bin"
+    other.write_bytes(data.read_bytes()[::-1])
+    spec = user_spec()
+    with pytest.raises(ValueError, match=r"dataclasses.replace with other data keeps the old digest: pass "
+                                         r"data_sha256=None too"):
+        dataclasses.replace(spec, data=str(other))
+    moved = dataclasses.replace(spec, data=str(other), data_sha256=None)
+    assert moved.data_sha256 != spec.data_sha256 and run_id_for(moved) != run_id_for(spec)

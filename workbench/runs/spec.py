@@ -163,7 +163,8 @@ class RunSpec:
                              "filled in from the token file)")
         if self.data is None:
             if self.data_sha256 is not None:
-                raise ValueError("RunSpec.data_sha256: only a run with data (a token file) has a data digest")
+                raise ValueError("RunSpec.data_sha256: only a run with data (a token file) has a data digest (a "
+                                 "spec copied with dataclasses.replace keeps it: pass data_sha256=None too)")
             return self.model_factory is not None
         if self.model_factory is None:
             seq_len = self.config.seq_len  # validates the LM's fields first
@@ -189,7 +190,8 @@ class RunSpec:
         if digest != self.data_sha256:
             raise ValueError(f"RunSpec.data_sha256: the token file {self.data} changed since this spec was made (now "
                              f"{size} bytes, sha256 {digest[:12]}..., not {self.data_sha256[:12]}...): other data, so "
-                             "another run (leave data_sha256 out to run it)")
+                             "another run (leave data_sha256 out to run it; dataclasses.replace with other data "
+                             "keeps the old digest: pass data_sha256=None too)")
 
     @property
     def config(self) -> LMConfig:
