@@ -202,4 +202,4 @@ def test_a_spec_copied_onto_other_data_says_to_drop_the_old_digest(data, tmp_pat
                                          r"data_sha256=None too"):
         dataclasses.replace(spec, data=str(other))
     moved = dataclasses.replace(spec, data=str(other), data_sha256=None)
-    assert moved.data_sha256 != spec.data_sha256 and run_id_for(moved) != run_id_for(spec)
+    assert moved.data_sha256 != spec.data_sha256 and run_id_for(moved.to_dict()) != run_id_for(spec.to_dict())
