@@ -21,7 +21,7 @@ import pytest
 from workbench.__main__ import main
 from workbench.publish.buildlog import OUT_LOCK, OutInUse, lock_out
 from workbench.publish.nbtools import export_html
-from workbench.publish.static import WriteError, write_atomic
+from workbench.runs.atomic import WriteError, write_atomic
 
 KiB = 1024
 

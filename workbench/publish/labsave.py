@@ -87,7 +87,7 @@ def normalise_notebook(path: Path) -> int:
     returns the number of figure snapshots added."""
     import nbformat
 
-    from workbench.publish.static import write_atomic
+    from workbench.runs.atomic import write_atomic
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)

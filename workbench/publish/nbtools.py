@@ -20,7 +20,7 @@ from pathlib import Path
 from workbench.core import paths
 from workbench.core.events import PROGRESS_ENV
 from workbench.publish.buildlog import refuse_name_clashes
-from workbench.publish.static import WriteError, write_atomic
+from workbench.runs.atomic import WriteError, write_atomic
 
 NOTEBOOK_DIR = paths.NOTEBOOK_DIR
 CDN_PATTERN = re.compile(r'<script[^>]+src="(https?://[^"]+)"')

@@ -38,7 +38,8 @@ from workbench.publish.reveal import (
     plotly_js,
     remote_loads,
 )
-from workbench.publish.static import SLIDE_HEIGHT, SLIDE_WIDTH, export_pdf, write_atomic, write_figures
+from workbench.publish.static import SLIDE_HEIGHT, SLIDE_WIDTH, export_pdf, write_figures
+from workbench.runs.atomic import write_atomic
 
 VENDOR_DIR = paths.VENDOR_DIR / "slides"
 DECK_NOTEBOOK = paths.NOTEBOOK_DIR / "00_design_review.ipynb"

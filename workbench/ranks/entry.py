@@ -20,7 +20,7 @@ from pathlib import Path
 from workbench.ranks.train_mlx import train_mlx
 from workbench.ranks.user_model import use_driver_paths, user_model_spec
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore
+from workbench.runs.store import RunStore, append_lines
 
 #: A run's phases file: one JSON line per phase a rank enters (:func:`report_phase`).
 PHASES_FILE = "phases.jsonl"
@@ -58,11 +58,7 @@ def report_phase(handle, phase: str, rank: int | None = None) -> None:
     rank = int(os.environ.get("WORKBENCH_RANK", -1)) if rank is None else rank
     line = json.dumps({"rank": rank, "phase": phase, "attempt": handle.record.get("attempt", 1),
                        "time": time.time()}) + "\n"
-    fd = os.open(Path(handle.folder) / PHASES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    append_lines(Path(handle.folder) / PHASES_FILE, [line.encode()])
 
 
 def read_phases(folder: Path, attempt: int) -> dict[int, str]:

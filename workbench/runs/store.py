@@ -23,18 +23,17 @@ same file without interleaving mid-line. Non-finite floats are stored as ``null`
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import re
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from workbench.core.checks import MAX_JSON_DEPTH, json_too_deep
+from workbench.runs.atomic import write_atomic
 from workbench.runs.lock import RunLock, read_owner, this_process
 
 RECORD_FILE = "record.json"
@@ -56,6 +55,24 @@ def loads_bounded(text: str | bytes) -> Any:
     if deep:
         raise ValueError(deep)
     return json.loads(text)
+
+
+def append_lines(path: Path, lines: Iterable[bytes], *, durable: bool = False) -> None:
+    """Append ``lines`` (each ending in a newline) to ``path``, one ``O_APPEND`` write each, so lines that
+    several processes append stay whole; ``durable`` fsyncs after them.
+
+    Raises:
+        OSError: a write was short (naming the file), or the file cannot be opened.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for line in lines:
+            if os.write(fd, line) != len(line):
+                raise OSError(f"short write to {path}")
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _jsonable(value: Any) -> Any:
@@ -101,28 +118,6 @@ def run_id_for(spec: Mapping[str, Any]) -> str:
     return f"{prefix}-{digest}"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # as steps.jsonl (mkstemp makes 0600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (POSIX only)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
 class RunHandle:
     """Writes one run: its step rows and its final status. Get one from :class:`RunStore`."""
 
@@ -166,19 +161,11 @@ class RunHandle:
             if missing:
                 raise ValueError(f"step row {i} of run '{self.run_id}' lacks {', '.join(missing)}.")
             lines.append((_dumps({"attempt": self.record.get("attempt", 1), **row}) + "\n").encode())
-        fd = os.open(self.folder / STEPS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            for line in lines:  # one write per line: O_APPEND keeps lines whole
-                if os.write(fd, line) != len(line):
-                    raise OSError(f"short write to {self.folder / STEPS_FILE}")
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_lines(self.folder / STEPS_FILE, lines, durable=durable)
 
     def _save(self, **changes: Any) -> None:
         self.record.update(changes, updated_at=_now())
-        _write_atomic(self.folder / RECORD_FILE, json.dumps(_jsonable(self.record), indent=2, sort_keys=True))
+        write_atomic(self.folder / RECORD_FILE, json.dumps(_jsonable(self.record), indent=2, sort_keys=True))
 
     def finish(self, summary: Mapping[str, Any] | None = None) -> None:
         """Mark the run ``"done"`` with a summary (e.g. final loss, mean step time in seconds)."""
