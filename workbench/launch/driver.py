@@ -264,7 +264,7 @@ def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, time
             # The engines had what was left of the run's bound: name the bound the caller gave.
             told = f"ranks {stuck} did not finish within {timeout_s:g} s (run_training's timeout_s, from the call)"
             if not (getattr(err, "phases_told", False) or _has_steps(steps_path)):  # say what the ranks were doing
-                told = f"run_training(timeout_s={timeout_s:g}): {told}: {describe(time.monotonic() - began)}"
+                told = f"{told}: {describe(time.monotonic() - began)}"
             raise EngineFailure(told, None) from err
 
     try:
