@@ -36,10 +36,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.adapters.jax.distributed import GLOO_HOST_ENV
 from workbench.core.checks import read_user_text
 from workbench.launch.host_values import NAME, PYTHON, USER, check_address, check_controller_ip, check_text
 from workbench.launch.plan import LaunchPlan, plan_launch, thread_env
-from workbench.ranks.jax_fsdp_check import GLOO_HOST_ENV
 
 #: Ports drawn for rendezvous on remote hosts: below Linux's default ephemeral range (32768-60999).
 REMOTE_PORTS = range(20000, 32000)

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from workbench.adapters.jax.distributed import BACKENDS, bind_gloo_to, initialize_jax  # noqa: F401 (bind_gloo_to: the tests')
+
 #: Configurations run by every process: (kind, layout, optimizer, max_norm).
 CONFIGS: dict[str, tuple[str, str | None, str, float | None]] = {
     "ddp-sgd": ("ddp", None, "sgd", None),
@@ -139,55 +141,9 @@ def run_configs(mesh, params: dict, batch: tuple, *, steps: int, communication_s
     return results
 
 
-#: The address this rank's gloo listens on, where it is not the coordinator's host (another host).
-GLOO_HOST_ENV = "WORKBENCH_GLOO_HOST"
-
-
-def bind_gloo_to(host: str) -> bool:
-    """Make gloo listen on ``host`` only; returns whether the hook was installed.
-
-    JAX 0.10 has no option for gloo's address: ``xla_bridge`` calls
-    ``make_gloo_tcp_collectives(distributed_client=...)`` without ``hostname``, and gloo
-    then listens on whatever this machine's hostname resolves to (possibly a public
-    interface). This wraps that private factory to pass ``hostname=host``; if a later JAX
-    moves it (or the private module itself), nothing is patched, gloo keeps its default,
-    and this returns False.
-    """
-    import functools
-
-    try:
-        from jax._src import xla_bridge
-
-        make = getattr(xla_bridge._jax, "make_gloo_tcp_collectives", None)
-    except (ImportError, AttributeError):
-        return False
-    if make is None or isinstance(make, functools.partial):
-        return make is not None
-    xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname=host)
-    return True
-
-
 #: Flag -> the environment variable (set by :func:`workbench.launch.plan.plan_launch`) read when it is absent.
 ENV = {"coordinator": "WORKBENCH_COORDINATOR", "num_processes": "WORKBENCH_NUM_PROCESSES",
        "process_id": "WORKBENCH_PROCESS_ID", "backend": "WORKBENCH_BACKEND"}
-BACKENDS = ("gloo", "default")
-
-
-def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, backend: str = "gloo",
-                   timeout_s: int = 60) -> bool:
-    """``jax.distributed.initialize`` on the coordinator's interface; with gloo, CPU collectives
-    over gloo bound to this rank's host: ``$WORKBENCH_GLOO_HOST`` (set per rank by a multi-host plan),
-    else the coordinator's host. Returns whether gloo was bound (see :func:`bind_gloo_to`)."""
-    import jax
-
-    gloo_bound = False
-    if backend == "gloo":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        gloo_bound = bind_gloo_to(os.environ.get(GLOO_HOST_ENV) or coordinator.rsplit(":", 1)[0])
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
-                               coordinator_bind_address=coordinator,  # listen on the coordinator's interface only
-                               initialization_timeout=timeout_s)
-    return gloo_bound
 
 
 def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None, *,

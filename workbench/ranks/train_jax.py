@@ -43,7 +43,7 @@ def init_distributed(timeout_s: int = 120) -> tuple[int, int]:
     ``WORKBENCH_NUM_PROCESSES``, ``WORKBENCH_PROCESS_ID`` and ``WORKBENCH_BACKEND``
     (``gloo``, the default, or ``default``). With gloo, CPU collectives are switched to
     gloo and gloo is bound to the coordinator's host
-    (:func:`~workbench.ranks.jax_fsdp_check.bind_gloo_to`). If this process is already initialised
+    (:func:`~workbench.adapters.jax.distributed.bind_gloo_to`). If this process is already initialised
     (a second run on the same engine), nothing is re-initialised.
 
     Returns:
@@ -55,7 +55,7 @@ def init_distributed(timeout_s: int = 120) -> tuple[int, int]:
     """
     import jax
 
-    from workbench.ranks.jax_fsdp_check import initialize_jax
+    from workbench.adapters.jax.distributed import initialize_jax
 
     try:
         coordinator = os.environ["WORKBENCH_COORDINATOR"]

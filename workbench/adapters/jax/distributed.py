@@ -1,0 +1,71 @@
+"""JAX across processes: ``jax.distributed`` on the coordinator's interface, CPU collectives over gloo.
+
+Every rank program that runs JAX over several processes starts here
+(:func:`initialize_jax`); the launch plan names each rank's gloo address in
+:data:`GLOO_HOST_ENV` (:func:`workbench.launch.hosts.plan_hosts_launch`). JAX itself is imported
+only inside the functions, so the launcher can read the variable's name without loading JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+#: The address this rank's gloo listens on, where it is not the coordinator's host (another host).
+GLOO_HOST_ENV = "WORKBENCH_GLOO_HOST"
+#: The CPU collectives :func:`initialize_jax` sets up: gloo, or JAX's default (none across processes on CPU).
+BACKENDS = ("gloo", "default")
+
+
+def bind_gloo_to(host: str) -> bool:
+    """Make gloo listen on ``host`` only; returns whether the hook was installed.
+
+    JAX 0.10 has no option for gloo's address: ``xla_bridge`` calls
+    ``make_gloo_tcp_collectives(distributed_client=...)`` without ``hostname``, and gloo
+    then listens on whatever this machine's hostname resolves to (possibly a public
+    interface). This wraps that private factory to pass ``hostname=host``; if a later JAX
+    moves it (or the private module itself), nothing is patched, gloo keeps its default,
+    and this returns False.
+
+    Args:
+        host: The address gloo listens on (an IP address or a resolvable name).
+    """
+    try:
+        from jax._src import xla_bridge
+
+        make = getattr(xla_bridge._jax, "make_gloo_tcp_collectives", None)
+    except (ImportError, AttributeError):
+        return False
+    if make is None or isinstance(make, functools.partial):
+        return make is not None
+    xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname=host)
+    return True
+
+
+def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, backend: str = "gloo",
+                   timeout_s: int = 60) -> bool:
+    """``jax.distributed.initialize`` with the coordinator listening on its own interface only.
+
+    With gloo, CPU collectives go over gloo bound to this rank's host: ``$WORKBENCH_GLOO_HOST``
+    (:data:`GLOO_HOST_ENV`, set per rank by a multi-host plan), else the coordinator's host.
+
+    Args:
+        coordinator: ``host:port`` of process 0's coordinator.
+        num_processes: Processes in the world.
+        process_id: This process's rank, 0 to ``num_processes - 1``.
+        backend: One of :data:`BACKENDS` (anything but ``"gloo"`` leaves JAX's default).
+        timeout_s: Seconds to wait for every process to join.
+
+    Returns:
+        Whether gloo was bound to the host (see :func:`bind_gloo_to`).
+    """
+    import jax
+
+    gloo_bound = False
+    if backend == "gloo":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        gloo_bound = bind_gloo_to(os.environ.get(GLOO_HOST_ENV) or coordinator.rsplit(":", 1)[0])
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+                               coordinator_bind_address=coordinator,  # listen on the coordinator's interface only
+                               initialization_timeout=timeout_s)
+    return gloo_bound
