@@ -32,11 +32,12 @@ import argparse
 import json
 import os
 import time
-from typing import Any
 
 import numpy as np
 
-from workbench.adapters.jax.distributed import BACKENDS, bind_gloo_to, initialize_jax  # noqa: F401 (bind_gloo_to: the tests')
+from workbench.adapters.jax.distributed import bind_gloo_to, initialize_jax  # noqa: F401 (bind_gloo_to: the tests')
+from workbench.models.jax_mlp import build_problem, mlp_loss
+from workbench.ranks.jax_args import parse_rank_args
 
 #: Configurations run by every process: (kind, layout, optimizer, max_norm).
 CONFIGS: dict[str, tuple[str, str | None, str, float | None]] = {
@@ -53,37 +54,6 @@ CONFIGS: dict[str, tuple[str, str | None, str, float | None]] = {
 #: Configurations whose reduce-scatter is XLA's ``psum_scatter`` (the others: the step's default, ``"auto"``:
 #: the all-to-all one on these CPU devices).
 PSUM_SCATTER = ("fsdp-row-rs-adamw", "fsdp-flat-rs-sgd")
-
-
-def build_problem(seed: int = 0, batch_size: int = 16, dims: tuple[int, ...] = (8, 16, 4)) -> tuple[dict, tuple]:
-    """A deterministic MLP and global batch, as float32 NumPy arrays.
-
-    Returns:
-        ``(params, (x, y))``: ``params["l{i}"] = {"w": (d_i, d_{i+1}), "b": (d_{i+1},)}``,
-        x of shape (batch_size, dims[0]), y of shape (batch_size, dims[-1]).
-    """
-    rng = np.random.default_rng(seed)
-    params = {
-        f"l{i}": {"w": (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
-                  "b": (0.1 * rng.standard_normal(b)).astype(np.float32)}
-        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:]))
-    }
-    x = rng.standard_normal((batch_size, dims[0])).astype(np.float32)
-    y = rng.standard_normal((batch_size, dims[-1])).astype(np.float32)
-    return params, (x, y)
-
-
-def mlp_loss(params: Any, batch: Any) -> Any:
-    """Mean squared error of a tanh MLP (``params`` as :func:`build_problem`), a scalar."""
-    import jax.numpy as jnp
-
-    x, y = batch
-    h = x
-    for i in range(len(params)):
-        h = h @ params[f"l{i}"]["w"] + params[f"l{i}"]["b"]
-        if i < len(params) - 1:
-            h = jnp.tanh(h)
-    return jnp.mean((h - y) ** 2)
 
 
 def make_optimizer(name: str):
@@ -141,48 +111,15 @@ def run_configs(mesh, params: dict, batch: tuple, *, steps: int, communication_s
     return results
 
 
-#: Flag -> the environment variable (set by :func:`workbench.launch.plan.plan_launch`) read when it is absent.
-ENV = {"coordinator": "WORKBENCH_COORDINATOR", "num_processes": "WORKBENCH_NUM_PROCESSES",
-       "process_id": "WORKBENCH_PROCESS_ID", "backend": "WORKBENCH_BACKEND"}
-
-
-def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None, *,
-               parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    """The worker's arguments; each flag of :data:`ENV` that is absent is read from its variable.
-
-    ``parser`` (another JAX worker's, with its own flags added) gets this worker's flags too.
-
-    ``--backend`` defaults to ``gloo``; ``{process_id}`` in ``--out`` becomes the process id.
-    Exits with status 2 (``argparse``'s), naming the flag and the variable, when neither is
-    given or the variable's value is malformed.
-    """
-    environ = os.environ if environ is None else environ
-    own = parser is None
-    parser = parser or argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--coordinator", help="host:port of process 0's coordinator, e.g. 127.0.0.1:1234")
-    parser.add_argument("--num-processes", type=int)
-    parser.add_argument("--process-id", type=int)
-    parser.add_argument("--backend", choices=BACKENDS, help="CPU collectives (default: gloo)")
-    parser.add_argument("--out", required=True, help="JSON file to write; '{process_id}' is replaced by the rank")
-    if own:
-        parser.add_argument("--steps", type=int, default=3)
-        parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument("--communication-size", type=int, default=256, help="FSDP bucket cap in bytes")
-    parser.add_argument("--timeout-s", type=int, default=60, help="distributed initialisation timeout")
-    args = parser.parse_args(argv)
-    for name, var in ENV.items():
-        flag, value = "--" + name.replace("_", "-"), environ.get(var) or ("gloo" if name == "backend" else "")
-        if getattr(args, name) is not None:
-            continue
-        if not value:
-            parser.error(f"{flag} is required when {var} is not set.")
-        if name in ("num_processes", "process_id") and not value.isdigit():
-            parser.error(f"{flag} is not given and {var}={value!r} is not a non-negative integer.")
-        if name == "backend" and value not in BACKENDS:
-            parser.error(f"{flag} is not given and {var}={value!r} is not one of {BACKENDS}.")
-        setattr(args, name, int(value) if name in ("num_processes", "process_id") else value)
-    args.out = args.out.replace("{process_id}", str(args.process_id))
-    return args
+def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> argparse.Namespace:
+    """This program's arguments: ``--steps``, ``--seed``, ``--communication-size`` (FSDP bucket cap in
+    bytes) and a rank's (:func:`workbench.ranks.jax_args.parse_rank_args`: each absent flag of the world
+    is read from the launcher's variable in ``environ``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--communication-size", type=int, default=256, help="FSDP bucket cap in bytes")
+    return parse_rank_args(argv, environ, parser=parser)
 
 
 def main(argv: list[str] | None = None) -> None:

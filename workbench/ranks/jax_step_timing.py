@@ -3,15 +3,16 @@
     python -m workbench.ranks.jax_step_timing --out DIR [--hidden 2048] [--layers 6] [--steps 12]
         [--strategies ddp,fsdp-row,fsdp-flat] [--communication-size BYTES]
 
-The JAX twin of :mod:`workbench.ranks.mlx_step_timing`, on the same model size: an MLP of
-``--layers`` square ``--hidden`` layers (25.2M parameters by default), fp32 AdamW, one CPU device
-per process, collectives over gloo (the launcher's ``WORKBENCH_*`` variables, as for
-:mod:`workbench.ranks.jax_fsdp_check`). Every strategy is a jitted step of
-:mod:`workbench.adapters.jax.fsdp` with its own parameters and optimizer state; each step runs every
-strategy once, in turn (interleaved), behind a barrier, timed from the call to the parameters and
-state being ready (forward, backward, collectives and update are one compiled program). ``--phases``
-adds each step cut into separately compiled parts (:mod:`workbench.ranks.jax_phases`), timed alone.
-The first call of each strategy compiles it (a warm-up step).
+The JAX twin of :mod:`workbench.ranks.mlx_step_timing`, on the same model size: an MLP
+(:mod:`workbench.models.jax_mlp`) of ``--layers`` square ``--hidden`` layers (25.2M parameters by
+default), fp32 AdamW, one CPU device per process, collectives over gloo (the launcher's
+``WORKBENCH_*`` variables, :func:`workbench.ranks.jax_args.parse_rank_args`). Every strategy is a
+jitted step of :mod:`workbench.adapters.jax.fsdp` with its own parameters and optimizer state; each
+step runs every strategy once, in turn (interleaved), behind a barrier, timed from the call to the
+parameters and state being ready (forward, backward, collectives and update are one compiled
+program). ``--phases`` adds each step cut into separately compiled parts
+(:mod:`workbench.ranks.jax_phases`), timed alone. The first call of each strategy compiles it (a
+warm-up step).
 Writes ``DIR/rank{r}.json``: per-step seconds, the parameter count, optimizer-state bytes per rank.
 """
 
@@ -24,13 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.adapters.jax.distributed import initialize_jax
 from workbench.core.units import MiB
-from workbench.ranks.jax_fsdp_check import (
-    build_problem,
-    initialize_jax,
-    mlp_loss,
-    parse_args,
-)
+from workbench.models.jax_mlp import build_problem, mlp_loss
+from workbench.ranks.jax_args import parse_rank_args
 
 #: Strategy -> (FSDP layout, reduce-scatter transport) (``None``: DDP). The default strategies use the
 #: step's ``"auto"`` transport (all-to-all on CPU); ``-rs`` XLA's ``psum_scatter``, for comparison.
@@ -57,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES))
     parser.add_argument("--communication-size", type=int, default=32 * MiB, help="FSDP bucket cap in bytes")
     parser.add_argument("--phases", action="store_true", help="also time each strategy's step part by part")
-    args = parse_args(argv, parser=parser)
+    args = parse_rank_args(argv, parser=parser)
     names = args.strategies.split(",")
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:

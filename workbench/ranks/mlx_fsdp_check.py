@@ -35,32 +35,11 @@ from workbench.adapters.mlx.fsdp import (
 )
 from workbench.adapters.mlx.rows import get_plan
 from workbench.adapters.mlx.transport import has_sum_scatter, make_hsdp_groups
+from workbench.models.mlx_mlp import build_params, mlp_loss
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 MODELS = {"even": (8, 16, 16, 4), "odd": (6, 10, 3)}  # "odd" has arrays whose size does not divide 4
 GLOBAL_BATCH = 16
-
-
-def build_params(dims: tuple[int, ...], seed: int, dtype) -> dict:
-    """MLP parameters from a NumPy seed (identical on every rank and in every framework)."""
-    rng = np.random.default_rng(seed)
-    layers = []
-    for d_in, d_out in zip(dims[:-1], dims[1:]):
-        layers.append({
-            "weight": mx.array(rng.normal(0, d_in**-0.5, (d_out, d_in)).astype(np.float32)).astype(dtype),
-            "bias": mx.array(rng.normal(0, 0.1, (d_out,)).astype(np.float32)).astype(dtype),
-        })
-    return {"layers": layers}
-
-
-def mlp_loss(params: dict, x: mx.array, y: mx.array) -> mx.array:
-    h = x
-    layers = params["layers"]
-    for i, layer in enumerate(layers):
-        h = h @ layer["weight"].T + layer["bias"]
-        if i < len(layers) - 1:
-            h = nn.gelu(h)
-    return ((h.astype(mx.float32) - y) ** 2).mean()
 
 
 def batch(step: int, dims: tuple[int, ...], rank: int, size: int, dtype):

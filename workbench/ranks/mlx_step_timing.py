@@ -4,6 +4,7 @@
         [--strategies ddp,fsdp-row,fsdp-flat] [--phases] [--communication-size BYTES ...]
         [--link-sizes BYTES ...]
 
+The model is the MLP of :mod:`workbench.models.mlx_mlp`, ``--layers`` square ``--hidden`` layers.
 Every strategy keeps its own parameters and optimizer; each step runs every strategy once,
 in turn (interleaved, so drift in machine load hits them alike). A step is timed from the
 gradient computation to the evaluated new parameters, behind a barrier so ranks start
@@ -47,8 +48,8 @@ from workbench.adapters.mlx.transport import (
     resolve_transport,
 )
 from workbench.core.units import MiB
+from workbench.models.mlx_mlp import build_params, mlp_loss
 from workbench.ranks.collective_timing import bench_rank
-from workbench.ranks.mlx_fsdp_check import build_params, mlp_loss
 
 STRATEGIES = {
     "ddp": None,
