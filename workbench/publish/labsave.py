@@ -50,7 +50,7 @@ def snapshot_pngs(figures: list[dict], *, width: int = SNAPSHOT_WIDTH) -> list[s
     import kaleido
     import plotly.io as pio
 
-    from workbench.publish.nbtools import scoped_env
+    from workbench.publish.envvars import scoped_env
     from workbench.publish.static import find_chromium
 
     if not figures:

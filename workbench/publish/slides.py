@@ -230,7 +230,7 @@ def export_slides(notebook: Path | str, out_dir: Path | str, *, execute: bool = 
     """
     import nbformat
 
-    from workbench.publish.nbtools import execute_notebook
+    from workbench.publish.execute import execute_notebook
 
     t0 = time.perf_counter()
     notebook, out_dir = Path(notebook), Path(out_dir)

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Mapping
 
+from workbench.publish.envvars import scoped_env
 from workbench.runs.atomic import replace_atomic, temp_beside
 
 #: Chromium executables tried in order (``WORKBENCH_CHROMIUM`` first); Debian's is ``chromium``.
@@ -63,8 +64,6 @@ def write_figures(figures: list[tuple[int, dict]], folder: Path, formats: tuple[
 
     if not figures:
         return []
-    from workbench.publish.nbtools import scoped_env
-
     chromium = find_chromium()  # fails here with the clear message, not deep inside kaleido
     folder.mkdir(parents=True, exist_ok=True)
     figs, paths = [], []
