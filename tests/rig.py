@@ -1,4 +1,4 @@
-"""The multi-host rig (scripts/hosts_rig.py) as pytest fixtures.
+"""The multi-host rig (the package scripts/hosts_rig) as pytest fixtures.
 
 A test module that needs hosts declares ``pytest_plugins = ["rig"]`` (one session-wide rig, however
 many modules ask) and requests ``multihost_rig``: the rig's description, a dict with ``hosts`` (each
@@ -14,26 +14,16 @@ failed test.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "scripts") not in sys.path:  # the rig is a tool beside the product, not part of it
+    sys.path.append(str(ROOT / "scripts"))
 
-
-def _load_hosts_rig():
-    if "hosts_rig" in sys.modules:
-        return sys.modules["hosts_rig"]
-    spec = importlib.util.spec_from_file_location("hosts_rig", ROOT / "scripts" / "hosts_rig.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hosts_rig"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-hosts_rig = _load_hosts_rig()
+import hosts_rig  # noqa: E402 - once scripts/ is on the path
 
 
 @contextlib.contextmanager

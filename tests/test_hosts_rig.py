@@ -1,4 +1,4 @@
-"""The multi-host rig (scripts/hosts_rig.py): hosts that are network namespaces with their own sshd.
+"""The multi-host rig (the package scripts/hosts_rig): hosts that are network namespaces with their own sshd.
 
 Each test asserts what a run across hosts relies on: ssh into every host, the repository's Python
 there, hosts reaching each other and the root namespace over the rig's bridge and nothing beyond it,
@@ -28,7 +28,7 @@ from rig import ROOT, hosts_rig, rig_or_skip, ssh
 
 pytest_plugins = ["rig"]
 
-SCRIPT = ROOT / "scripts" / "hosts_rig.py"
+SCRIPT = ROOT / "scripts" / "hosts_rig"  # the package; `python scripts/hosts_rig ...` runs its __main__
 T = 60  # seconds: the bound on every subprocess here
 
 SERVER = textwrap.dedent("""
@@ -361,3 +361,25 @@ def test_a_rig_that_cannot_be_built_is_reported_as_skipped_with_the_reason(tmp_p
     proc = _pytest_in(tmp_path, "def test_x(multihost_rig):\n    pass\n")  # WBRIG_SSHD is inherited
     assert "1 skipped" in proc.stdout and "passed" not in proc.stdout, proc.stdout + proc.stderr
     assert f"multi-host rig cannot be built here: {unavailable.value}" in proc.stdout.replace("\n", " ")
+
+
+# ------------------------------------------------------------------------------------------ the package
+
+
+def test_the_rig_is_a_package_imported_the_ordinary_way():
+    import rig
+
+    assert hosts_rig.__spec__.submodule_search_locations == [str(SCRIPT)]
+    assert sys.modules["hosts_rig"] is hosts_rig and hosts_rig.__spec__.name == "hosts_rig"
+    source = Path(rig.__file__).read_text()
+    assert "spec_from_file_location" not in source and "sys.modules[" not in source
+
+
+def test_the_command_line_runs_as_a_folder_and_as_a_module(tmp_path):
+    state = tmp_path / "no-rig"
+    for argv, cwd in (([str(SCRIPT)], tmp_path), (["-m", "hosts_rig"], SCRIPT.parent)):
+        out = subprocess.run([sys.executable, *argv, "status", "--state", str(state)], cwd=cwd,
+                             check=False, capture_output=True, text=True, timeout=T)
+        assert out.returncode == 1 and out.stderr.strip() == f"no rig recorded in {state}", (argv, out.stderr)
+        usage = subprocess.run([sys.executable, *argv, "--help"], cwd=cwd, check=False, capture_output=True, text=True, timeout=T)
+        assert usage.returncode == 0 and "{up,down,status,check}" in usage.stdout, (argv, usage.stderr)

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """A multi-host rig on one machine: each "host" is a Linux network namespace with its own sshd.
 
-    python scripts/hosts_rig.py check                    # can the rig be built here? (exit 0, or 2 and why not)
-    python scripts/hosts_rig.py up --hosts 2 [--state DIR] [--slurm] [--foreground]
-    python scripts/hosts_rig.py down --state DIR         # or: down --prefix wbrig (every rig of that prefix)
+    python scripts/hosts_rig check                    # can the rig be built here? (exit 0, or 2 and why not)
+    python scripts/hosts_rig up --hosts 2 [--state DIR] [--slurm] [--foreground]
+    python scripts/hosts_rig down --state DIR         # or: down --prefix wbrig (every rig of that prefix)
 
 What ``up`` builds (all of it is torn down by ``down``):
 
@@ -143,7 +142,7 @@ def check_support(prefix: str = DEFAULT_PREFIX, probe: bool = True, slurm: bool 
     if tools["sshd"] is None:
         where = os.environ.get("WBRIG_SSHD") or "sshd on PATH, /usr/sbin or /sbin"
         raise RigUnavailable(f"sshd missing: no executable {where} (apt-get install -y openssh-server, "
-                             "or scripts/hosts_rig.py up --install-sshd)")
+                             "or scripts/hosts_rig up --install-sshd)")
     for name in ("ssh", "ssh-keygen", "sh"):
         if tools[name] is None:
             raise RigUnavailable(f"`{name}` not found (apt-get install -y openssh-client)")
@@ -455,7 +454,7 @@ def _make_ssh_files(desc: dict, tools: dict) -> None:
     _run([tools["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C", f"{desc['rig_id']} client", "-f", str(key)])
     (sdir / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
     known, config = [], [
-        f"# ssh config of multi-host rig {desc['rig_id']} (scripts/hosts_rig.py); use with ssh -F {desc['ssh_config']}",
+        f"# ssh config of multi-host rig {desc['rig_id']} (scripts/hosts_rig); use with ssh -F {desc['ssh_config']}",
     ]
     for h in desc["hosts"]:
         hdir = Path(h["sshd_config"]).parent
@@ -470,7 +469,7 @@ def _make_ssh_files(desc: dict, tools: dict) -> None:
         config += [f"Host {h['address']} {h['hostname'] if desc['uts'] else h['name']}",
                    f"  HostName {h['address']}", f"  Port {h['port']}", f"  User {h['user']}"]
         Path(h["sshd_config"]).write_text("\n".join([
-            f"# sshd of rig host {h['name']} ({h['netns']}), scripts/hosts_rig.py",
+            f"# sshd of rig host {h['name']} ({h['netns']}), scripts/hosts_rig",
             f"ListenAddress {h['address']}:{h['port']}",
             f"HostKey {hkey}",
             f"PidFile {hdir / 'sshd.pid'}",
@@ -605,7 +604,7 @@ def _slurm_conf(desc: dict, port: int) -> str:
     nodes = [f"NodeName={h['name']} NodeAddr={h['address']}" + (f" NodeHostname={h['hostname']}" if desc["uts"] else "")
              + f" CPUs={cpus} State=UNKNOWN" for h in desc["hosts"]]
     return "\n".join([
-        f"# Slurm of multi-host rig {desc['rig_id']} (scripts/hosts_rig.py up --slurm); clients: SLURM_CONF={sl['conf']}",
+        f"# Slurm of multi-host rig {desc['rig_id']} (scripts/hosts_rig up --slurm); clients: SLURM_CONF={sl['conf']}",
         f"ClusterName={desc['rig_id']}",
         # the controller's own hostname (its UTS namespace) and the head's address; with NoCtldInAddrAny it
         # listens only there, as that name resolves to the head's address in its mount namespace's /etc/hosts
@@ -1088,7 +1087,3 @@ def main(argv: list[str] | None = None) -> int:
     except RigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
