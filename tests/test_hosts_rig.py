@@ -227,7 +227,7 @@ CRASHING_UP = textwrap.dedent("""
     import hosts_rig
     def crash(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)  # no except, no finally, no atexit: as if the machine pulled the plug
-    setattr(hosts_rig, sys.argv[2], crash)
+    setattr(hosts_rig.build, sys.argv[2], crash)  # the stage as up() finds it
     hosts_rig.up(2, sys.argv[3], prefix=sys.argv[4])
 """)
 
@@ -282,7 +282,7 @@ def test_a_failed_up_removes_what_it_built(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise hosts_rig.RigError("injected failure")
 
-    monkeypatch.setattr(hosts_rig, "_verify", fail)
+    monkeypatch.setattr(hosts_rig.build, "_verify", fail)  # as up() finds it
     try:
         hosts_rig.up(2, tmp_path / "state", prefix=prefix)
     except hosts_rig.RigUnavailable as e:
@@ -373,6 +373,13 @@ def test_the_rig_is_a_package_imported_the_ordinary_way():
     assert sys.modules["hosts_rig"] is hosts_rig and hosts_rig.__spec__.name == "hosts_rig"
     source = Path(rig.__file__).read_text()
     assert "spec_from_file_location" not in source and "sys.modules[" not in source
+
+
+def test_the_rig_is_small_modules_split_by_meaning():
+    lines = {path.name: len(path.read_text().splitlines()) for path in sorted(SCRIPT.glob("*.py"))}
+    assert {"net.py", "sshd.py", "slurm.py", "procs.py", "cli.py", "__main__.py"} <= set(lines)
+    assert not {name: n for name, n in lines.items() if n > 320}, lines
+    assert hosts_rig.up.__module__ == "hosts_rig.build" and hosts_rig.down.__module__ == "hosts_rig.teardown"
 
 
 def test_the_command_line_runs_as_a_folder_and_as_a_module(tmp_path):
