@@ -245,14 +245,48 @@ def test_the_purity_checker_reports_what_a_strategy_record_may_not_import():
 
 
 def test_each_strategy_list_is_defined_once():
-    from workbench.core import strategies
+    import workbench.strategies as registry
     from workbench.estimate import comm, knobs
     from workbench.runs import spec
 
-    assert comm.STRATEGIES is knobs.STRATEGIES is strategies.MODEL_STRATEGIES
-    assert spec.STRATEGIES is strategies.RUN_STRATEGIES
-    assert set(strategies.MODEL_STRATEGY) == set(strategies.RUN_STRATEGIES)
-    assert set(strategies.MODEL_STRATEGY.values()) <= set(strategies.MODEL_STRATEGIES)
+    assert comm.STRATEGIES is knobs.STRATEGIES is registry.NAMES
+    assert spec.STRATEGIES is registry.RUN_NAMES
+    assert set(registry.RUN_NAMES) <= set(registry.NAMES) and len(set(registry.NAMES)) == len(registry.NAMES)
+
+
+def strategy_name_compares(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines of ``tree`` that compare with a strategy's name (``== "ddp"``, ``in ("fsdp-row", ...)``) or
+    parse one (``.split("-")`` of a strategy)."""
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(named(x) for x in (node.left, *node.comparators)):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "split"
+              and "strategy" in ast.unparse(node.func.value)):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_no_module_dispatches_on_a_strategy_name_outside_the_registry():
+    """A strategy is a record (workbench.strategies): what it shards, its layout, its collectives. Code asks
+    the record; comparing a name string would make a new strategy another branch in every caller."""
+    import workbench.strategies as registry
+
+    names = set(registry.NAMES)
+    found = {name: lines for name, path, tree in modules() if layer_of(name) != "strategies"
+             and (lines := strategy_name_compares(tree, names))}
+    assert not found, f"strategy names compared outside workbench.strategies (ask the record): {found}"
+
+
+def test_the_strategy_name_checker_finds_a_compare_and_a_parse():
+    tree = ast.parse('if s == "ddp":\n    pass\nx = spec.strategy.split("-")[1]\nok = s == "rows"\n'
+                     'y = s in ("fsdp-row", "other")\n')
+    assert strategy_name_compares(tree, {"ddp", "fsdp-row"}) == [1, 3, 5]
 
 
 def test_the_repository_root_is_computed_once():

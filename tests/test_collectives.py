@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from workbench.core.buckets import plan_buckets
-from workbench.core.strategies import MODEL_STRATEGY
 from workbench.core.units import MiB
 from workbench.estimate.advisor import recommend_communication_size
 from workbench.estimate.comm import AlphaBeta, bus_factor, estimate_comm, fit_alpha_beta
@@ -109,7 +108,7 @@ def test_sweep_tables_from_real_runs(sweep_store):
         # bytes for its bucket plan, the largest peak any rank recorded, the median of steps after warm-up.
         assert r.predicted_peak_mib == estimate_run_memory(spec).total_bytes / MiB
         plan = plan_buckets(run_model_spec(spec.to_dict()), spec.communication_size)
-        comm = estimate_comm(plan, MODEL_STRATEGY[r.strategy], 2)
+        comm = estimate_comm(plan, r.strategy, 2)
         assert r.rank_mib_sent == comm.rank_bytes / MiB and r.num_collectives == comm.num_collectives
         assert r.peak_mib == steps.peak_array_bytes.max() / MiB
         steady = steps[steps.step >= WARMUP_STEPS].groupby("step").step_time_s.max().median()

@@ -24,9 +24,12 @@ from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import KiB
 from workbench.estimate.comm import AlphaBeta, estimate_comm
+from workbench.strategies import get_strategy, strategies
 
 #: Strategies the advisor prices: DDP all-reduces each bucket; FSDP reduce-scatters and all-gathers it.
-ADVISED_STRATEGIES = ("ddp", "fsdp")
+#: What the advisor prices: the strategies that sync by buckets of ``communication_size`` and keep the
+#: parameters whole (DDP, ZeRO-1/2-like); a unit-gathering strategy has no bucket size to advise.
+ADVISED_STRATEGIES = tuple(s.name for s in strategies() if s.units == "buckets" and not s.gathers_units)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +100,8 @@ def predict_sync_curve(spec: ModelSpec, num_shards: int, links: Mapping, *, size
             ``fit_links``' ``{(framework, kind): AlphaBeta}``.
         sizes: Candidate sizes in bytes (default :func:`default_sizes`), each > 0.
         layout: ``"row"`` or ``"flat"`` (``"flat"`` pads each bucket to a multiple of N).
-        strategy: ``"fsdp"`` (reduce-scatter + all-gather per bucket) or ``"ddp"`` (all-reduce).
+        strategy: One of :data:`ADVISED_STRATEGIES`: ``"ddp"`` (all-reduce per bucket), or a ZeRO-1/2-like
+            one (reduce-scatter + all-gather per bucket; ``fsdp-row`` / ``fsdp-flat`` fix the layout).
         framework: Which framework's links to read from a ``fit_links`` mapping.
         per_bucket_s: Seconds each bucket costs beyond its collectives' alpha (>= 0).
         base_s: Seconds of the step that do not depend on the bucket size (gradient, update).
@@ -107,6 +111,8 @@ def predict_sync_curve(spec: ModelSpec, num_shards: int, links: Mapping, *, size
     """
     if strategy not in ADVISED_STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; the advisor prices {', '.join(ADVISED_STRATEGIES)}.")
+    record = get_strategy(strategy)
+    layout = record.layout or layout  # fsdp-row and fsdp-flat name their layout
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
         raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}.")
     if not per_bucket_s >= 0 or not base_s >= 0:
@@ -119,7 +125,7 @@ def predict_sync_curve(spec: ModelSpec, num_shards: int, links: Mapping, *, size
     curve = []
     for size in sorted(set(sizes)):
         buckets = plan_buckets(spec, size)
-        plan = plan_shards(buckets, num_shards, layout) if strategy == "fsdp" else buckets
+        plan = plan_shards(buckets, num_shards, layout) if record.family == "zero_1_2" else buckets
         comm = estimate_comm(plan, strategy, num_shards)
         sync = 0.0
         for c in comm.collectives:

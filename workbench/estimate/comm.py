@@ -18,32 +18,10 @@ import numpy as np
 
 from workbench.core.buckets import BucketPlan
 from workbench.core.shards import ShardPlan
-from workbench.core.strategies import MODEL_STRATEGIES
+from workbench.strategies import COLLECTIVES, NAMES, StepShape, bus_factor, get_strategy, ring_steps, strategies
+from workbench.strategies.collectives import count_of_ranks as _ranks
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-STRATEGIES = MODEL_STRATEGIES  # (workbench.core.strategies)
-
-
-def _ranks(knob: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{knob} must be an integer >= 1, got {value!r}.")
-    return int(value)
-
-
-def bus_factor(kind: str, num_ranks: int) -> float:
-    """nccl-tests' busbw / algbw: 2(N-1)/N all-reduce, (N-1)/N all-gather and reduce-scatter, 1 broadcast."""
-    n = _ranks("num_ranks", num_ranks)
-    share = (n - 1) / n
-    factors = {"all_reduce": 2 * share, "all_gather": share, "reduce_scatter": share, "broadcast": 1.0}
-    if kind not in factors:
-        raise ValueError(f"Unknown collective kind {kind!r}; choose one of {', '.join(COLLECTIVES)}.")
-    return factors[kind]
-
-
-def ring_steps(kind: str, num_ranks: int) -> int:
-    """Latency terms of a ring collective: 2(N-1) for all-reduce, N-1 for the others."""
-    bus_factor(kind, num_ranks)
-    return (2 if kind == "all_reduce" else 1) * (int(num_ranks) - 1)
+STRATEGIES = NAMES  # every registered strategy has a communication model (workbench.strategies)
 
 
 def algbw(nbytes: float, time_s: float) -> float:
@@ -176,21 +154,21 @@ def estimate_comm(plan: BucketPlan | ShardPlan, strategy: str = "fsdp", num_shar
         ValueError: on an unknown strategy, a non-boolean ``reshard_after_forward``, ``num_shards`` missing, < 1 or not the plan's,
             ``num_replicas`` != 1 outside ``hsdp``, or a greedy plan under a sharding strategy.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
+    record = get_strategy(strategy)  # an unknown name lists the registered ones
     if not isinstance(reshard_after_forward, bool):
         raise ValueError(f"reshard_after_forward must be True or False, got {reshard_after_forward!r}.")
     r = _ranks("num_replicas", num_replicas)
-    if strategy != "hsdp" and r != 1:
-        raise ValueError(f"num_replicas={r} applies to strategy 'hsdp' only; got strategy {strategy!r}.")
+    if not record.replicas and r != 1:
+        raise ValueError(f"num_replicas={r} applies to a replicated strategy "
+                         f"({', '.join(s.name for s in strategies() if s.replicas)}) only; got strategy {strategy!r}.")
     if isinstance(plan, ShardPlan):
         if num_shards is not None and _ranks("num_shards", num_shards) != plan.num_shards:
             raise ValueError(f"num_shards={num_shards} but the shard plan is for {plan.num_shards}.")
         n, bp = plan.num_shards, plan.buckets
         greedy = plan.layout == "greedy"
-        if greedy and strategy not in ("ddp", "zero1"):
-            raise ValueError(f"A greedy shard plan (layout='greedy') moves whole arrays: use strategy 'zero1', "
-                             f"not {strategy!r}.")
+        if greedy and record.family != "data_parallel" and not record.greedy:
+            raise ValueError(f"A greedy shard plan (layout='greedy') moves whole arrays: use strategy "
+                             f"{', '.join(repr(s.name) for s in strategies() if s.greedy)}, not {strategy!r}.")
         sizes = (bp.bucket_bytes if greedy else plan.bucket_chunk_elems * n * bp.bucket_itemsize).astype(float)
     elif isinstance(plan, BucketPlan):
         if num_shards is None:
@@ -199,22 +177,18 @@ def estimate_comm(plan: BucketPlan | ShardPlan, strategy: str = "fsdp", num_shar
         sizes = plan.bucket_bytes.astype(float)
     else:
         raise ValueError(f"plan must be a BucketPlan or ShardPlan, got {type(plan).__name__}.")
-    total, b = float(sizes.sum()), len(sizes)
+    total = float(sizes.sum())
 
-    def cost(kind: str, count: int, nbytes: float, ranks: int = n) -> CollectiveCost:
-        return CollectiveCost(kind, count, bus_factor(kind, ranks) * nbytes, count * ring_steps(kind, ranks))
-
-    if strategy == "ddp" or greedy:
-        rows = [cost("all_reduce", b, total)]
-        if greedy and strategy == "zero1":
+    if greedy:  # whole arrays: all-reduce, then (ZeRO-1) each rank broadcasts the arrays it updated
+        rows = [CollectiveCost("all_reduce", len(sizes), bus_factor("all_reduce", n) * total,
+                               len(sizes) * ring_steps("all_reduce", n))]
+        if record.greedy:
             rows.append(CollectiveCost("broadcast", plan.num_broadcasts, total, plan.num_broadcasts * (n - 1)))
-    elif strategy in ("zero1", "zero2", "fsdp"):
-        rows = [cost("reduce_scatter", b, total), cost("all_gather", b, total)]
     else:
-        gathers = 2 if reshard_after_forward else 1
-        rows = [cost("all_gather", gathers * b, gathers * total), cost("reduce_scatter", b, total)]
-        if strategy == "hsdp" and r > 1:
-            rows.append(cost("all_reduce", b, total / n, r))
+        shape = StepShape(num_ranks=n, sync_bytes=tuple(float(x) for x in sizes), num_replicas=r,
+                          units=tuple((float(x), reshard_after_forward) for x in sizes))
+        rows = [CollectiveCost(c.kind, c.count, c.rank_bytes, c.count * ring_steps(c.kind, c.group_size))
+                for c in record.step_collectives(shape)]
     return CommEstimate(strategy=strategy, num_shards=n, num_replicas=r, collectives=tuple(rows))
 
 

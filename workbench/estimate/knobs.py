@@ -17,18 +17,15 @@ import numpy as np
 from workbench.core.buckets import BucketPlan
 from workbench.core.shards import ShardPlan
 from workbench.core.specs import DTYPE_BYTES, canonical_dtype
-from workbench.core.strategies import MODEL_STRATEGIES
+from workbench.strategies import NAMES, Strategy, get_strategy, strategies
 
-STRATEGIES = MODEL_STRATEGIES  # (workbench.core.strategies)
+STRATEGIES = NAMES  # every registered strategy can be estimated (workbench.strategies)
 #: Optimizer states kept per parameter (SGD none, momentum one buffer, Adam/AdamW m and v).
 OPTIMIZER_NUM_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 #: What a step copies instead of updating in place (``update_copies``).
 UPDATE_COPIES = ("none", "parameters", "parameters_and_state")
 #: What a resharded ZeRO-3 unit holds in its backward (``unit_buffers``).
 UNIT_BUFFERS = ("parameters_and_gradients", "mlx")
-#: Strategy -> (parameters sharded, gradients sharded, optimizer side sharded).
-SHARDED_STATES = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True),
-                  "fsdp": (False, False, True), "zero3": (True, True, True), "hsdp": (True, True, True)}
 
 
 def count_knob(knob: str, value: object, minimum: int = 0) -> int:
@@ -84,13 +81,15 @@ class MemoryKnobs:
     unit_buffers: str = "parameters_and_gradients"
 
     def __post_init__(self) -> None:
-        _choice("strategy", self.strategy, STRATEGIES)
+        get_strategy(self.strategy)  # an unknown name lists the registered ones
         _choice("optimizer", self.optimizer, OPTIMIZER_NUM_STATES)
         _choice("update_copies", self.update_copies, UPDATE_COPIES)
         _choice("unit_buffers", self.unit_buffers, UNIT_BUFFERS)
         n, r = count_knob("num_shards", self.num_shards, 1), count_knob("num_replicas", self.num_replicas, 1)
-        if self.strategy != "hsdp" and r != 1:
-            raise ValueError(f"num_replicas={r} applies to strategy 'hsdp' only; got strategy {self.strategy!r}.")
+        if not self.record.replicas and r != 1:
+            raise ValueError(f"num_replicas={r} applies to a replicated strategy "
+                             f"({', '.join(s.name for s in strategies() if s.replicas)}) only; got strategy "
+                             f"{self.strategy!r}.")
         if self.world_size is not None and count_knob("world_size", self.world_size, 1) != n * r:
             raise ValueError(f"num_shards ({n}) * num_replicas ({r}) = {n * r} must equal world_size "
                              f"({self.world_size}).")
@@ -120,6 +119,11 @@ class MemoryKnobs:
         return cls(**knobs)
 
     @property
+    def record(self) -> Strategy:
+        """The registered :class:`~workbench.strategies.Strategy` named by :attr:`strategy`."""
+        return get_strategy(self.strategy)
+
+    @property
     def sharded(self) -> tuple[bool, bool, bool]:
         """(parameters, gradients, optimizer side) sharded under :attr:`strategy`."""
-        return SHARDED_STATES[self.strategy]
+        return tuple(self.record.sharded)

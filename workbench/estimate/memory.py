@@ -56,7 +56,7 @@ def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp"
 
     Args:
         model: A :class:`ModelSpec` or a parameter count (Psi).
-        strategy: One of :data:`STRATEGIES`, or a :class:`~workbench.estimate.knobs.MemoryKnobs`.
+        strategy: A registered strategy (:func:`workbench.strategies.get_strategy`), or a :class:`~workbench.estimate.knobs.MemoryKnobs`.
         num_shards: N, the data-parallel degree (the shard degree under ``hsdp``).
         num_replicas: ``hsdp`` only. world_size: If given, must equal ``num_shards * num_replicas``.
         param_dtype: Default: the spec's single dtype, ``bfloat16`` for a count. grad_dtype: Default ``param_dtype``.
@@ -141,7 +141,7 @@ def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp"
     rows.append(MemoryComponent("activations", k.activation_bytes, "given (see estimate_activation_bytes)"))
     g = k.num_microbatches
     # The accumulator is sharded only by a reduce-scatter every micro-batch; DDP all-reduces, so it is full.
-    rows.append(_state(k, psi, psi_e, "gradient_accumulator", b.grad, k.strategy != "ddp" and not k.defer_sync,
+    rows.append(_state(k, psi, psi_e, "gradient_accumulator", b.grad, k.record.family != "data_parallel" and not k.defer_sync,
                        f"gradients summed over the earlier of {g} micro-batches") if g > 1 else
                 MemoryComponent("gradient_accumulator", 0, "none: one micro-batch per step"))
     return MemoryEstimate(strategy=k.strategy, num_params=psi, num_shards=k.num_shards, num_replicas=k.num_replicas,
@@ -246,7 +246,7 @@ def _step_rows(k: MemoryKnobs, b: _Bytes, psi: int, psi_e: int) -> list[MemoryCo
     sp, _, so = k.sharded
     copies = UPDATE_COPIES.index(k.update_copies)  # 0 none, 1 parameters, 2 parameters and state
     rows = [
-        _state(k, psi, psi_e, "reduced_gradients", b.grad if copies and k.strategy == "ddp" else 0, False,
+        _state(k, psi, psi_e, "reduced_gradients", b.grad if copies and k.record.family == "data_parallel" else 0, False,
                "averaged gradients beside the local ones"),
         _state(k, psi, psi_e, "updated_parameters", b.param if copies else 0, sp, "new parameters beside the old"),
         _state(k, psi, psi_e, "updated_optimizer_state", b.master + b.optimizer + b.accum if copies == 2 else 0, so,
@@ -256,7 +256,7 @@ def _step_rows(k: MemoryKnobs, b: _Bytes, psi: int, psi_e: int) -> list[MemoryCo
     n, plan = k.num_shards, k.bucket_plan
     if plan is not None:
         big = int(plan.bucket_elems.max()) if plan.num_buckets else 0
-        if k.strategy == "ddp":
+        if k.record.family == "data_parallel":
             ar = big * b.grad
         elif not sp:
             rs, ag = big * b.grad + -(-big * b.grad // n), big * b.param + -(-big * b.param // n)

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from workbench.core.events import emit
-from workbench.core.strategies import COLLECTIVE_KINDS
 from workbench.launch.engines import EngineFailure
 from workbench.launch.remote import describe_hosts, runner_for
 from workbench.ranks.collective_timing import bench_rank
 from workbench.runs.store import RunStore, run_id_for
+from workbench.strategies import COLLECTIVE_KINDS
 
 if TYPE_CHECKING:
     pass
 
-KINDS = COLLECTIVE_KINDS  # (workbench.core.strategies)
+KINDS = COLLECTIVE_KINDS  # (workbench.strategies)
 #: nccl-tests' usual sweep, 1 KiB to 256 MiB by factors of 2.
 FULL_SIZES = tuple(2**k for k in range(10, 29))
 #: The build's default: 1 KiB to 64 MiB by factors of 4 (the latency- and the bandwidth-bound ends).

@@ -29,11 +29,12 @@ from workbench.adapters.jax.distributed import initialize_jax
 from workbench.core.units import MiB
 from workbench.models.jax_mlp import build_problem, mlp_loss
 from workbench.ranks.jax_args import parse_rank_args
+from workbench.strategies import get_strategy
 
-#: Strategy -> (FSDP layout, reduce-scatter transport) (``None``: DDP). The default strategies use the
-#: step's ``"auto"`` transport (all-to-all on CPU); ``-rs`` XLA's ``psum_scatter``, for comparison.
-STRATEGIES = {"ddp": None, "fsdp-row": ("row", "auto"), "fsdp-flat": ("flat", "auto"),
-              "fsdp-row-rs": ("row", "psum_scatter"), "fsdp-flat-rs": ("flat", "psum_scatter")}
+#: Timed name -> (registered strategy, reduce-scatter transport of the FSDP step). The default strategies use
+#: the step's ``"auto"`` transport (all-to-all on CPU); ``-rs`` XLA's ``psum_scatter``, for comparison.
+STRATEGIES = {"ddp": ("ddp", None), "fsdp-row": ("fsdp-row", "auto"), "fsdp-flat": ("fsdp-flat", "auto"),
+              "fsdp-row-rs": ("fsdp-row", "psum_scatter"), "fsdp-flat-rs": ("fsdp-flat", "psum_scatter")}
 DEFAULT_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat")
 
 
@@ -83,15 +84,15 @@ def main(argv: list[str] | None = None) -> None:
         steps, state = {}, {}
         for name in names:
             opt = make_optimizer("adamw", 1e-4, weight_decay=0.01)
-            how = STRATEGIES[name]
-            steps[name] = (make_ddp_step(mlp_loss, params, opt, mesh) if how is None else
-                           make_fsdp_step(mlp_loss, params, opt, mesh, layout=how[0], reduce_scatter=how[1],
+            record, transport = get_strategy(STRATEGIES[name][0], framework="jax"), STRATEGIES[name][1]
+            steps[name] = (make_ddp_step(mlp_loss, params, opt, mesh) if record.family == "data_parallel" else
+                           make_fsdp_step(mlp_loss, params, opt, mesh, layout=record.layout, reduce_scatter=transport,
                                           communication_size=args.communication_size))
             p = to_global(params, P())
             state[name] = (p, steps[name].init(p))
         b = to_global(batch, P("fsdp"))
         times = {name: [] for name in names}
-        parts = {name: (ddp_parts if STRATEGIES[name] is None else fsdp_parts)(steps[name], mesh)
+        parts = {name: (ddp_parts if STRATEGIES[name][1] is None else fsdp_parts)(steps[name], mesh)
                  for name in names} if args.phases else {}
         phases = {name: {} for name in parts}
         for i in range(args.steps):

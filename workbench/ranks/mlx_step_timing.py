@@ -50,15 +50,18 @@ from workbench.adapters.mlx.transport import (
 from workbench.core.units import MiB
 from workbench.models.mlx_mlp import build_params, mlp_loss
 from workbench.ranks.collective_timing import bench_rank
+from workbench.strategies import LAYOUTS, get_strategy
 
+#: What each timed name runs: a registered strategy (:mod:`workbench.strategies`) and, for MLX's FSDP step,
+#: its reduce-scatter transport.
 STRATEGIES = {
-    "ddp": None,
-    "fsdp-row": dict(layout="row", reduce_scatter="auto"),
-    "fsdp-flat": dict(layout="flat", reduce_scatter="auto"),
-    "fsdp-row-sendrecv": dict(layout="row", reduce_scatter="send_recv"),
-    "fsdp-flat-sendrecv": dict(layout="flat", reduce_scatter="send_recv"),
-    "fsdp-row-allsum": dict(layout="row", reduce_scatter="all_sum"),
-    "fsdp-flat-allsum": dict(layout="flat", reduce_scatter="all_sum"),
+    "ddp": ("ddp", None),
+    "fsdp-row": ("fsdp-row", "auto"),
+    "fsdp-flat": ("fsdp-flat", "auto"),
+    "fsdp-row-sendrecv": ("fsdp-row", "send_recv"),
+    "fsdp-flat-sendrecv": ("fsdp-flat", "send_recv"),
+    "fsdp-row-allsum": ("fsdp-row", "all_sum"),
+    "fsdp-flat-allsum": ("fsdp-flat", "all_sum"),
 }
 DEFAULT_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat")
 PHASES = ("grad", "rows", "reduce_scatter", "update", "all_gather", "rebuild")
@@ -159,8 +162,9 @@ def main() -> None:
                                  "sizes_bytes": args.link_sizes, "iters": 5})["times_s"]
     sizes = args.communication_size
     entries = {(f"{s}@{c}" if len(sizes) > 1 else s): (s, c) for c in sizes for s in names}
-    layouts = sorted({STRATEGIES[s]["layout"] for s in names if STRATEGIES[s]}) if args.phases else []
-    layouts += ["ddp"] if args.phases and "ddp" in names else []
+    records = {s: get_strategy(STRATEGIES[s][0], framework="mlx") for s in names}
+    # The phase tables: one per layout timed, and DDP's (keyed by its name; it has no layout).
+    layouts = sorted({r.layout or r.name for r in records.values()}) if args.phases else []
     dims = (args.hidden,) * (args.layers + 1)
     params = {name: build_params(dims, seed=3, dtype=mx.float32) for name in [*entries, *(f"phases-{lay}" for lay in layouts)]}
     opts = {name: optim.AdamW(learning_rate=1e-4) for name in params}
@@ -174,23 +178,23 @@ def main() -> None:
     barrier = mx.zeros((1,))
     for _ in range(args.steps):
         for name, (strategy, comm_size) in entries.items():
-            kw = STRATEGIES[strategy]
+            record, transport = records[strategy], STRATEGIES[strategy][1]
             mx.eval(mx.distributed.all_sum(barrier))
             t0 = time.perf_counter()
             _, g = grad_fn(params[name], x, y)
-            if kw is None:
+            if record.family == "data_parallel":
                 params[name] = ddp_apply_gradients(g, params[name], opts[name], communication_size=comm_size)
             else:
                 report: dict = {}
                 params[name] = fsdp_apply_gradients(g, params[name], opts[name], communication_size=comm_size,
-                                                    report=report, **kw)
+                                                    report=report, layout=record.layout, reduce_scatter=transport)
                 if report["rank_check_s"] is not None:
                     rank_checks[name] = report["rank_check_s"]
             mx.eval(params[name], opts[name].state)
             times[name].append(time.perf_counter() - t0)
         for lay in layouts:
             key = f"phases-{lay}"
-            if lay == "ddp":
+            if lay not in LAYOUTS:  # DDP's
                 params[key], parts = ddp_phased_step(params[key], opts[key], grad_fn, x, y, sizes[0], group, barrier)
             else:
                 params[key], parts = phased_step(params[key], opts[key], grad_fn, x, y, lay, sizes[0], group, barrier)

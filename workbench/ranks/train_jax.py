@@ -258,10 +258,12 @@ def _build_step(spec, mesh, replicated, params: dict, loss_fn: Callable):
     from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
     from workbench.adapters.jax.zero3 import make_zero3_step
     from workbench.ranks.user_model import user_units
+    from workbench.strategies import get_strategy
 
     opt = make_optimizer(spec)
     accum = dict(num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
-    if spec.strategy == "fsdp-full":
+    record = get_strategy(spec.strategy, framework="jax")
+    if record.gathers_units:
         apply_units, unit_loss, unit_paths = (lm_units(spec.config) if spec.model_factory is None
                                               else user_units(params, loss_fn))
         units = _to_global([{k: params[k] for k in paths} for paths in unit_paths], replicated)
@@ -269,10 +271,10 @@ def _build_step(spec, mesh, replicated, params: dict, loss_fn: Callable):
         p, state = step.init(units)
         return step, p, state
     p = _to_global(params, replicated)
-    if spec.strategy == "ddp":
+    if record.family == "data_parallel":
         step = make_ddp_step(loss_fn, p, opt, mesh, max_norm=spec.max_norm, **accum)
     else:
-        step = make_fsdp_step(loss_fn, p, opt, mesh, layout=spec.strategy.split("-")[1],
+        step = make_fsdp_step(loss_fn, p, opt, mesh, layout=record.layout,
                               max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
     return step, p, step.init(p)
 

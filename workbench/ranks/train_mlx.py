@@ -26,7 +26,9 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
+    from workbench.adapters.mlx.accum import make_trainer
+    from workbench.adapters.mlx.zero3_trainer import make_zero3_trainer
+    from workbench.strategies import get_strategy
     from workbench.adapters.mlx.agree import check_ranks_agree
     from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
     from workbench.adapters.mlx.fsdp import optimizer_state_bytes
@@ -59,12 +61,12 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     fingerprint = start_fingerprint(spec, tree_flatten(model.parameters()), size, to_numpy=_numpy)
     report_phase(handle, PHASE_AGREE, rank)
     exchange_s = agree_on_start(lambda fp: check_ranks_agree(group, fp), fingerprint, spec, rank)
-    if spec.strategy == "fsdp-full":  # ZeRO-3: one unit per transformer block, plus the root
-        trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=True, **accum)
-    else:
-        trainer = make_trainer(model, opt, group, strategy="ddp" if spec.strategy == "ddp" else "fsdp",
-                               communication_size=spec.communication_size,
-                               layout="flat" if spec.strategy == "fsdp-flat" else "row", **accum)
+    record = get_strategy(spec.strategy, framework="mlx")
+    if record.gathers_units:  # ZeRO-3: one unit per transformer block, plus the root
+        trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=record.reshard_after_forward, **accum)
+    else:  # DDP, or MLX's FSDP step in the record's layout
+        trainer = make_trainer(model, opt, group, strategy=record.name, communication_size=spec.communication_size,
+                               **accum)
     # The trainer evaluates every micro-batch's backward before its sync starts (deferred: before the
     # one sync of the step), so activations are gone before the collective buffers and update copies
     # appear (the phases of workbench.estimate.memory), and reports the seconds spent syncing. Full sharding's

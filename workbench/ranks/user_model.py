@@ -265,10 +265,10 @@ def check_user_run(spec, build: Callable[[Any], ModelSpec] | None = None) -> Mod
     if spec.model_factory is None:
         return None
     model = (build or user_model_spec)(spec)
-    if spec.strategy != "ddp":
+    layout = get_strategy(spec.strategy).layout
+    if layout is not None:
         try:
-            plan_shards(plan_buckets(model, spec.communication_size), spec.num_ranks,
-                        "flat" if spec.strategy == "fsdp-flat" else "row")
+            plan_shards(plan_buckets(model, spec.communication_size), spec.num_ranks, layout)
         except ValueError as err:
             raise ValueError(f"RunSpec.strategy={spec.strategy!r}: {err}") from None
     return model

@@ -16,11 +16,11 @@ from typing import Any, Mapping
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
 from workbench.core.specs import DTYPE_BYTES, ModelSpec, spec_from_flat
-from workbench.core.strategies import MODEL_STRATEGY
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
 from workbench.models.init import LMConfig, lm_model_spec
+from workbench.strategies import get_strategy
 
 #: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).
 FRAMEWORK_UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
@@ -86,22 +86,23 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     """
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     strategy, n, precision = fields["strategy"], fields["num_ranks"], fields["precision"]
-    if strategy not in MODEL_STRATEGY:
-        raise ValueError(f"strategy {strategy!r} has no memory model; known: {', '.join(MODEL_STRATEGY)}.")
+    record = get_strategy(strategy)  # an unknown name lists the registered ones
     g = fields.get("num_microbatches", 1)
     model = run_model_spec(fields, model_shapes)
     buckets = plan_buckets(model, fields["communication_size"])
-    shard_plan = plan_shards(buckets, n, strategy.split("-")[1]) if strategy in ("fsdp-row", "fsdp-flat") else None
+    by_buckets = record.units == "buckets"  # else the units are modules: no bucket plan, no shards of buckets
+    shard_plan = plan_shards(buckets, n, record.layout) if by_buckets and record.layout else None
     defer = fields.get("defer_sync", True)
-    # fsdp-full reshards after forward, so each unit recomputes its block in backward; deferred sync
+    # A strategy that reshards after forward recomputes each unit's block in backward; deferred sync
     # (G > 1) runs the gathered model without the units' rematerialisation.
-    recompute = strategy == "fsdp-full" and not (g > 1 and defer)
+    recompute = record.gathers_units and record.reshard_after_forward and not (g > 1 and defer)
+    impl = next((i for i in record.implementations if i.framework == fields["framework"]), None)
     return estimate_memory(
-        model, MODEL_STRATEGY[strategy], n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
-        optimizer_state_dtype=precision, bucket_plan=buckets if strategy != "fsdp-full" else None,
+        model, strategy, n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
+        optimizer_state_dtype=precision, bucket_plan=buckets if by_buckets else None,
         shard_plan=shard_plan, update_copies=FRAMEWORK_UPDATE_COPIES[fields["framework"]],
-        num_microbatches=g, defer_sync=defer,
-        unit_buffers="mlx" if strategy == "fsdp-full" and fields["framework"] == "mlx" else "parameters_and_gradients",
+        num_microbatches=g, defer_sync=defer, reshard_after_forward=record.reshard_after_forward,
+        unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), recompute))
 
 

@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass, field
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.shards import plan_shards
-from workbench.core.strategies import RUN_STRATEGIES
 from workbench.core.units import MiB
 from workbench.runs.factory import check_data_file, data_sha256, resolve_factory, source_sha256
 from workbench.models.init import LMConfig, lm_model_spec
+from workbench.strategies import RUN_NAMES, get_strategy, strategies
 
-STRATEGIES = RUN_STRATEGIES  # (workbench.core.strategies)
+STRATEGIES = RUN_NAMES  # what a run can be: the registered strategies some framework runs (workbench.strategies)
 
 
 #: Fields added after runs were stored: :meth:`RunSpec.to_dict` leaves them out at these defaults,
@@ -91,7 +91,12 @@ class RunSpec:
         if self.framework not in ("mlx", "jax"):
             raise bad("framework", "choose 'mlx' or 'jax'")
         if self.strategy not in STRATEGIES:
-            raise bad("strategy", f"unknown strategy; choose one of {', '.join(STRATEGIES)}")
+            raise bad("strategy", f"unknown strategy; choose one of {', '.join(STRATEGIES)}" + (
+                " (it is modelled, not run)" if self.strategy in {s.name for s in strategies()} else ""))
+        try:
+            get_strategy(self.strategy, framework=self.framework)
+        except ValueError as err:
+            raise bad("strategy", str(err)) from None
         for name in ("num_ranks", "steps", "global_batch", "num_microbatches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -128,8 +133,8 @@ class RunSpec:
         if self._check_user_inputs():  # the shards of a user's model are checked by the driver, which builds it
             return
         config = self.config  # validates the model fields, naming them
-        if self.strategy != "ddp":  # FSDP layouts, and ZeRO-3's per-array rows, must tile every array
-            layout = "flat" if self.strategy == "fsdp-flat" else "row"
+        layout = get_strategy(self.strategy).layout
+        if layout is not None:  # FSDP layouts, and ZeRO-3's per-array rows, must tile every array
             spec = lm_model_spec(config, self.precision)
             try:
                 plan_shards(plan_buckets(spec, self.communication_size), self.num_ranks, layout)

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 from workbench.core.buckets import plan_buckets
-from workbench.core.strategies import COLLECTIVE_KINDS
-from workbench.estimate.comm import bus_factor
 from workbench.models.init import LMConfig
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
+from workbench.strategies import COLLECTIVE_KINDS, StepShape, get_strategy, strategies
 from workbench.studies.runs import loss_curves
 from workbench.studies.step_time import steady_median
 from workbench.views.style import coincide_note, figure, separate_coinciding, subplot_grid
@@ -35,10 +34,7 @@ from workbench.views.style import coincide_note, figure, separate_coinciding, su
 if TYPE_CHECKING:
     import pandas as pd
 
-KINDS = COLLECTIVE_KINDS  # (workbench.core.strategies)
-#: The gradient collectives a strategy repeats for every micro-batch when the sync is not deferred.
-SYNCED = {"ddp": ("all_reduce",), "fsdp-row": ("reduce_scatter",), "fsdp-flat": ("reduce_scatter",),
-          "fsdp-full": ("all_gather", "reduce_scatter")}
+KINDS = COLLECTIVE_KINDS  # (workbench.strategies)
 MODES = {True: "deferred", False: "every micro-batch"}
 
 
@@ -87,56 +83,41 @@ def _units(fields: Mapping[str, Any]) -> list[tuple[int, bool]]:
     return [(sum(nbytes[path] for path in paths), True) for paths in lm_units(config)[2]]
 
 
-def _syncs(f: Mapping[str, Any]) -> int:
-    """Gradient synchronisations per step: G when every micro-batch syncs, else 1."""
-    return 1 if f["defer_sync"] or f["num_microbatches"] == 1 else f["num_microbatches"]
+def step_shape(spec: Any) -> StepShape:
+    """What one optimizer step of ``spec``'s run syncs and gathers, for its strategy's record.
+
+    The sync collectives are what the framework's implementation issues per sync: MLX's buckets at
+    ``communication_size`` (JAX's FSDP step uses the same plan), JAX DDP's arrays, or ``fsdp-full``'s
+    units (:func:`_units`). MLX runs always compute the global norm (one all-reduce under the sharded
+    strategies); JAX only when ``max_norm`` is set. These are the collectives the step asks for; a
+    compiler may combine or merge some (JAX: ``compiled_collectives``).
+    """
+    f = _fields(spec)
+    record = get_strategy(f["strategy"])
+    impl = record.implementation(f["framework"])
+    model = run_model_spec(f)
+    units = tuple((float(b), again) for b, again in _units(f)) if record.gathers_units else None
+    if impl.sync_per == "array":
+        sync = tuple(float(p.nbytes) for p in model)
+    elif units is not None:
+        sync = tuple(b for b, _ in units)
+    else:
+        sync = tuple(float(b) for b in plan_buckets(model, f["communication_size"]).bucket_bytes)
+    return StepShape(num_ranks=f["num_ranks"], sync_bytes=sync, units=units, num_microbatches=f["num_microbatches"],
+                     defer_sync=f["defer_sync"], reduces_norm=impl.reduces_norm(f.get("max_norm") is not None))
 
 
 def expected_collectives(spec: Any) -> dict[str, int]:
-    """Collectives one rank issues in one optimizer step, by kind (:data:`KINDS`).
-
-    With S syncs per step (G when every micro-batch syncs, else 1) and B buckets of MLX's rule
-    at ``communication_size``: DDP all-reduces S x B (JAX: S x one per array); FSDP
-    reduce-scatters S x B and all-gathers B; full sharding gathers and reduce-scatters every
-    unit S times, gathering again in backward where a unit was freed after forward -- deferred,
-    the units stay gathered for the whole loop, so once. MLX runs always compute the global norm
-    (one all-reduce under FSDP and full sharding); JAX only when ``max_norm`` is set. These are the
-    collectives the step asks for; a compiler may combine or merge some (JAX: ``compiled_collectives``).
-    """
-    f = _fields(spec)
-    g, n, strategy = f["num_microbatches"], f["num_ranks"], f["strategy"]
-    if n == 1:
-        return dict.fromkeys(KINDS, 0)
-    syncs = _syncs(f)
-    model = run_model_spec(f)
-    norm = int(strategy != "ddp" and (f["framework"] == "mlx" or f.get("max_norm") is not None))
-    if strategy == "ddp":
-        per_sync = len(model) if f["framework"] == "jax" else plan_buckets(model, f["communication_size"]).num_buckets
-        return {"all_reduce": syncs * per_sync, "reduce_scatter": 0, "all_gather": 0}
-    if strategy == "fsdp-full":
-        units = _units(f)
-        again = sum(regathered for _, regathered in units)
-        gathers = len(units) if f["defer_sync"] and g > 1 else syncs * (len(units) + again)
-        return {"all_reduce": norm, "reduce_scatter": syncs * len(units), "all_gather": gathers}
-    buckets = plan_buckets(model, f["communication_size"]).num_buckets
-    return {"all_reduce": norm, "reduce_scatter": syncs * buckets, "all_gather": buckets}
+    """Collectives one rank issues in one optimizer step, by kind (:data:`KINDS`): the strategy
+    record's count (:meth:`workbench.strategies.Strategy.step_collectives`) for :func:`step_shape`."""
+    return get_strategy(_fields(spec)["strategy"]).collective_counts(step_shape(spec))
 
 
 def expected_bytes(spec: Any) -> int:
     """Bytes one rank sends per optimizer step on a ring (gradients and parameters; the norm's
-    4 bytes left out), by :func:`workbench.estimate.comm.bus_factor`: all-reduce 2(N-1)/N of the data,
-    reduce-scatter and all-gather (N-1)/N."""
-    f = _fields(spec)
-    n, strategy = f["num_ranks"], f["strategy"]
-    total = run_model_spec(f).nbytes
-    g, syncs = f["num_microbatches"], _syncs(f)
-    if strategy == "ddp":
-        return int(round(bus_factor("all_reduce", n) * syncs * total))
-    if strategy == "fsdp-full":
-        again = sum(b for b, regathered in _units(f) if regathered)
-        gathered = total if f["defer_sync"] and g > 1 else syncs * (total + again)
-        return int(round(bus_factor("reduce_scatter", n) * syncs * total + bus_factor("all_gather", n) * gathered))
-    return int(round((bus_factor("reduce_scatter", n) * syncs + bus_factor("all_gather", n)) * total))
+    4 bytes left out), by the record's bus factors: all-reduce 2(N-1)/N of the data, reduce-scatter
+    and all-gather (N-1)/N."""
+    return get_strategy(_fields(spec)["strategy"]).bytes_sent(step_shape(spec))
 
 
 def mode_label(spec: Any) -> str:
@@ -241,9 +222,10 @@ def fig_accumulation(table: "pd.DataFrame", framework: str = "mlx", *, height: i
     for k, (xaxis, _) in enumerate(refs):
         layout["xaxis" + xaxis[1:]].update(type="log", dtick=0.30103, **(
             {"title": dict(text="G, micro-batches per step")} if k >= 2 else {}))
-    colors = dict(zip(SYNCED, ("#4C78A8", "#F58518", "#54A24B", "#B279A2")))
+    runnable = [r.name for r in strategies() if r.frameworks]
+    colors = dict(zip(runnable, ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756")))
     traces = []
-    for strategy in [s for s in SYNCED if len(t) and s in set(t.strategy)]:
+    for strategy in [s for s in runnable if len(t) and s in set(t.strategy)]:
         for defer, dash in ((True, "solid"), (False, "dash")):
             part = t[(t.strategy == strategy) & ((t.G == 1) | (t["mode"] == MODES[defer]))].sort_values("G")
             if len(part) < 2:

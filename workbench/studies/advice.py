@@ -18,8 +18,7 @@ from typing import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.core.strategies import MODEL_STRATEGY
-from workbench.estimate.advisor import BucketAdvice, recommend_communication_size
+from workbench.estimate.advisor import ADVISED_STRATEGIES, BucketAdvice, recommend_communication_size
 from workbench.estimate.comm import AlphaBeta
 from workbench.runs.estimate import run_model_spec, spec_from_row
 from workbench.studies.step_time import comm_size_table
@@ -87,8 +86,8 @@ def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, 
         ValueError: fewer than 2 sizes measured, runs of several models or group sizes mixed, or a
             strategy the advisor does not price, each named.
     """
-    if MODEL_STRATEGY.get(strategy) not in ("ddp", "fsdp"):
-        raise ValueError(f"strategy {strategy!r}: the advisor prices ddp, fsdp-row and fsdp-flat.")
+    if strategy not in ADVISED_STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}: the advisor prices {', '.join(ADVISED_STRATEGIES)}.")
     table = comm_size_table(loaded, links)
     t = table[(table.framework == framework) & (table.strategy == strategy) & (table.precision == precision)]
     t = t.dropna(subset=["step_ms"])
@@ -104,8 +103,7 @@ def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, 
     measured = t.groupby("communication_size").step_ms.median()
     sizes = [int(s) for s in measured.index]
     spec, n = run_model_spec(specs[0]), int(specs[0]["num_ranks"])
-    kw = dict(sizes=sizes, layout=strategy.split("-")[1] if "-" in strategy else "row",
-              strategy=MODEL_STRATEGY[strategy], framework=framework)
+    kw = dict(sizes=sizes, strategy=strategy, framework=framework)
     bare = recommend_communication_size(spec, n, links, tolerance=tolerance, **kw)
     base_s = max(0.0, float((measured / 1e3 - pd.Series({p.communication_size: p.predicted_sync_s
                                                           for p in bare.curve})).median()))

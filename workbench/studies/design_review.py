@@ -12,6 +12,7 @@ from workbench.core import paths
 from workbench.core.units import KiB, MiB
 from workbench.runs.spec import VALIDATION_MODEL
 from workbench.runs.tables import load_runs
+from workbench.strategies import get_strategy
 from workbench.studies.advice import AdviceCheck, advice_against_sweep
 from workbench.studies.step_time import fit_links, load_collective_benchmarks
 from workbench.views.style import TEMPLATE
@@ -132,16 +133,19 @@ def key_numbers(gap, validation: pd.DataFrame, advice: AdviceCheck | None = None
     t = step_time_table()
     mlx = validation[validation.framework == "mlx"]
     state = mlx[mlx.component == "optimizer_state"].groupby("strategy").measured_bytes.max()
-    if "ddp" not in state or not any(s.startswith("fsdp") for s in state.index):
+    replicated = {s: get_strategy(s).family == "data_parallel" for s in state.index}
+    ddp_state = [v for s, v in state.items() if replicated[s]]
+    fsdp_states = [v for s, v in state.items() if not replicated[s]]
+    if not ddp_state or not fsdp_states:
         raise ValueError("key_numbers: validation needs MLX ddp and fsdp runs with measured optimizer state.")
-    fsdp_state = max(v for k, v in state.items() if k.startswith("fsdp"))
+    fsdp_state = max(fsdp_states)
     error = (mlx.ratio - 1).abs()
     return pd.Series({
         "Qwen 3.7B, 8 GPUs: DDP - FSDP peak, measured (GB)": round(gap.measured_difference_bytes / 1e9, 1),
         "Qwen 3.7B, 8 GPUs: DDP - FSDP, modelled (GB)": round(gap.predicted_difference_bytes / 1e9, 1),
         "PR #3130: FSDP step-time overhead over DDP, fp32, worst (%)": float(t.fsdp_overhead_pct.max()),
         "PR #3130: FSDP step-time overhead over DDP, bf16, worst (%)": float(t.fsdp_bf16_overhead_pct.max()),
-        "reference runs, 2 ranks: FSDP optimizer state / DDP's, measured": round(fsdp_state / state["ddp"], 3),
+        "reference runs, 2 ranks: FSDP optimizer state / DDP's, measured": round(fsdp_state / max(ddp_state), 3),
         "reference runs, MLX: worst |measured / modelled - 1|, peak (%)": round(
             100 * float(error[mlx.component == "peak"].max()), 1),
         "reference runs, MLX: worst |measured / modelled - 1|, parameters and state (%)": round(

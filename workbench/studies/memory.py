@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.runs.estimate import estimate_run_memory, spec_from_row
+from workbench.strategies import get_strategy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,7 +33,7 @@ PEAK_TOLERANCE = 0.10
 def predicted_components(estimate: MemoryEstimate) -> dict[str, int]:
     """The estimate in the terms a rank can measure: parameters, optimizer state (with master
     weights and the flat layout's padding, which lives in the sharded state), and the peak."""
-    padding = estimate["flat_padding"] if estimate.strategy in ("zero1", "zero2", "fsdp") else 0
+    padding = estimate["flat_padding"] if get_strategy(estimate.strategy).family == "zero_1_2" else 0
     return {"parameters": estimate["parameters"],
             "optimizer_state": estimate["optimizer_state"] + estimate["master_weights"] + padding,
             "peak": estimate.total_bytes}

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Sequence
 
 from workbench.core.specs import ModelSpec
 from workbench.estimate.breakdown import MemoryEstimate
-from workbench.estimate.knobs import SHARDED_STATES
 from workbench.estimate.memory import estimate_memory
 from workbench.estimate.moe import (
     DEFAULT_EXPERT_PARALLEL,
@@ -37,6 +36,7 @@ from workbench.estimate.moe import (
     moe_preset,
     policy_label,
 )
+from workbench.strategies import get_strategy
 from workbench.views.style import KIND_COLORS, param_kind
 
 if TYPE_CHECKING:
@@ -127,9 +127,7 @@ def moe_rank_layout(preset_name: str, num_shards: int, expert_parallel: int | No
     by_kind: dict[str, list] = {}
     for p in spec:
         by_kind.setdefault(param_kind(p.path), []).append(p)
-    if strategy not in SHARDED_STATES:
-        _estimate(spec, strategy, num_shards, k, knobs)  # raises, naming the strategy
-    sharded_params = SHARDED_STATES[strategy][0]
+    sharded_params = get_strategy(strategy).sharded.parameters  # an unknown name lists the registered ones
     rows = []
     for kind, params in sorted(by_kind.items(), key=lambda kv: list(KIND_COLORS).index(kv[0])):
         sub = ModelSpec(f"{spec.name}:{kind}", tuple(params))

@@ -44,7 +44,7 @@ def fig_moe_rank_layout(preset_name: str, num_shards: int = 8, expert_parallel: 
             x = [float(r.model_state_bytes.sum()) / GB if len(r) else 0.0 for r in rows]
             text = [f"{r.description.iloc[0]}: {r.params_per_rank.iloc[0]:,.0f} of {r.num_params.iloc[0]:,} "
                     "parameters" if len(r) else "" for r in rows]
-            traces.append(dict(type="bar", orientation="h", y=y, x=x, name=kind if held == "fsdp" else
+            traces.append(dict(type="bar", orientation="h", y=y, x=x, name=kind if held != "experts" else
                                f"{kind} (whole experts, outside FSDP)", customdata=text,
                                marker=dict(color=KIND_COLORS[kind], line=dict(width=0), pattern=dict(shape=pattern)),
                                hovertemplate=f"{kind}: %{{x:.3f}} GB per rank<br>%{{customdata}}<extra></extra>"))

@@ -13,6 +13,7 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.strategies import get_strategy
 from workbench.views.style import TEMPLATE, coincide_note, separate_coinciding
 
 #: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
@@ -43,13 +44,18 @@ def _twin_fields(runs: pd.DataFrame) -> list[str]:
     return [c for c in runs.columns if c.startswith("spec.") and c != "spec.strategy"]
 
 
+def is_ddp(strategy: str) -> bool:
+    """Whether a run's strategy replicates everything (DDP: the reference every other run is held to)."""
+    return get_strategy(strategy).family == "data_parallel"
+
+
 def ddp_twin(runs: pd.DataFrame, run_id: str) -> str | None:
     """The DDP run with the same spec as ``run_id`` except the strategy, if stored and done."""
     runs = runs.set_index("run_id")
     me = runs.loc[run_id]
     fields = _twin_fields(runs.reset_index())
     for rid, row in runs.iterrows():
-        if row["spec.strategy"] == "ddp" and row["status"] == "done" and all(
+        if is_ddp(row["spec.strategy"]) and row["status"] == "done" and all(
             (pd.isna(row[f]) and pd.isna(me[f])) or row[f] == me[f] for f in fields
         ):
             return str(rid)
@@ -65,7 +71,7 @@ def summarize_runs(loaded) -> pd.DataFrame:
         mine = curves[curves.run_id == run.run_id].set_index("step")
         steady = mine[mine.index >= WARMUP_STEPS] if len(mine) > WARMUP_STEPS else mine
         steps = loaded.steps[loaded.steps.run_id == run.run_id]
-        twin = ddp_twin(runs, run.run_id) if run["spec.strategy"] != "ddp" else run.run_id
+        twin = run.run_id if is_ddp(run["spec.strategy"]) else ddp_twin(runs, run.run_id)
         diff = None
         if twin is not None and len(mine):
             ref = curves[curves.run_id == twin].set_index("step").loss
@@ -145,7 +151,7 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
     """
     runs, curves = loaded.runs, loss_curves(loaded)
     traces, exact = [], 0  # runs equal to DDP at every step
-    for _, run in runs[runs["spec.strategy"] != "ddp"].iterrows():
+    for _, run in runs[~runs["spec.strategy"].map(is_ddp)].iterrows():
         twin = ddp_twin(runs, run.run_id)
         if twin is None:
             continue

@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from workbench.core.strategies import COLLECTIVE_KINDS
+from workbench.strategies import COLLECTIVE_KINDS
 
-KINDS = COLLECTIVE_KINDS  # (workbench.core.strategies)
+KINDS = COLLECTIVE_KINDS  # (workbench.strategies)
 
 
 def check_accum(num_microbatches: int, defer_sync: bool) -> None:

@@ -15,7 +15,7 @@ gradient's dtype.
 DDP and FSDP are built on :func:`~workbench.adapters.mlx.fsdp.ddp_apply_gradients`,
 :func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients` (deferred) and
 :func:`~workbench.adapters.mlx.fsdp.shard_gradients` (per micro-batch); full sharding is
-:mod:`workbench.adapters.mlx.zero3`.
+:mod:`workbench.adapters.mlx.zero3_trainer`, on the pieces here (micro-batches, :class:`PhasedTrainer`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,8 @@ from workbench.adapters.mlx.transport import (
     resolve_transport,
     ring_transport,
 )
-from workbench.adapters.mlx.zero3 import Zero3Model, shard_model
 from workbench.core.units import MiB
-
-STRATEGIES = ("ddp", "fsdp")
+from workbench.strategies import get_strategy
 
 
 def check_microbatches(num_microbatches: int, defer_sync: bool, max_norm: float | None) -> None:
@@ -71,7 +69,7 @@ def split_microbatches(batch: tuple, num_microbatches: int) -> list[tuple]:
     return [tuple(a[k * (a.shape[0] // g):(k + 1) * (a.shape[0] // g)] for a in batch) for k in range(g)]
 
 
-def _accumulate(value_and_grad: Callable, model: Any, micro_batches: list, sync: Callable | None):
+def accumulate_microbatches(value_and_grad: Callable, model: Any, micro_batches: list, sync: Callable | None):
     """Sum over micro-batches of ``sync(grads)`` (or of the local grads).
 
     Returns ``(mean loss, sum, seconds spent in sync)``: each micro-batch's backward is evaluated
@@ -116,10 +114,10 @@ class AccumTrainer(PhasedTrainer):
             evaluated and ``"updated"`` at the end of the step (e.g. to read peak memory per phase).
     """
 
-    def __init__(self, model: nn.Module, optimizer: Any, group: mx.distributed.Group, *, strategy: str,
+    def __init__(self, model: nn.Module, optimizer: Any, group: mx.distributed.Group, *, strategy: Any,
                  num_microbatches: int, defer_sync: bool, communication_size: int, layout: str,
                  reduce_scatter: str, max_norm: float | None):
-        self.model, self.optimizer, self.group, self.strategy = model, optimizer, group, strategy
+        self.model, self.optimizer, self.group, self.record = model, optimizer, group, strategy  # a Strategy
         self.num_microbatches, self.defer_sync, self.max_norm = num_microbatches, defer_sync, max_norm
         self.communication_size, self.layout = communication_size, layout
         self.transport = resolve_transport(group, reduce_scatter)
@@ -141,14 +139,15 @@ class AccumTrainer(PhasedTrainer):
         per_micro = g > 1 and not self.defer_sync
         params = model.trainable_parameters()
         plan = get_plan(tree_flatten(params), self.communication_size, n, self.layout)
-        checks = None if self.strategy == "ddp" else agree_on_step(  # once per plan (fsdp_apply_gradients's own
+        ddp = self.record.family == "data_parallel"
+        checks = None if ddp else agree_on_step(  # once per plan (fsdp_apply_gradients's own
             self.group, plan, tree_flatten(params), layout=self.layout,  # check then finds it done)
             communication_size=self.communication_size, max_norm=self.max_norm, transport=self.transport)
         value_and_grad, scale = nn.value_and_grad(model, loss_fn), 1.0 / g
-        if self.strategy == "ddp":
+        if ddp:
             sync = (lambda gr: nn.average_gradients(gr, group=self.group, all_reduce_size=self.communication_size)) \
                 if per_micro else None
-            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, sync)
+            loss, acc, sync_s = accumulate_microbatches(value_and_grad, model, micro_batches, sync)
             self._phase("accumulated")
             t_acc = time.perf_counter()
             acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
@@ -164,7 +163,7 @@ class AccumTrainer(PhasedTrainer):
                 new = self.optimizer.apply_gradients(acc, params)
         elif per_micro:  # reduce-scatter every micro-batch, accumulate this rank's shards
             sync = lambda gr: shard_gradients(tree_flatten(gr), plan, self.group, None, self.transport)  # noqa: E731
-            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, sync)
+            loss, acc, sync_s = accumulate_microbatches(value_and_grad, model, micro_batches, sync)
             self._phase("accumulated")
             t_acc = time.perf_counter()
             shards = {k: v * scale for k, v in acc.items()}
@@ -173,7 +172,7 @@ class AccumTrainer(PhasedTrainer):
                                                   self.max_norm)
             new = tree_unflatten(updated)
         else:  # deferred: accumulate full local gradients, then the ordinary FSDP step once
-            loss, acc, sync_s = _accumulate(value_and_grad, model, micro_batches, None)
+            loss, acc, sync_s = accumulate_microbatches(value_and_grad, model, micro_batches, None)
             self._phase("accumulated")
             t_acc = time.perf_counter()
             acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
@@ -184,8 +183,8 @@ class AccumTrainer(PhasedTrainer):
         mx.eval(model.parameters(), self.optimizer.state, loss, *([norm] if norm is not None else []))
         b = plan.buckets.num_buckets if n > 1 else 0
         syncs, clip = (g if per_micro else 1), int(self.max_norm is not None and n > 1)
-        fsdp = self.strategy == "fsdp"
-        self.report = dict(strategy=self.strategy, num_microbatches=g, defer_sync=self.defer_sync,
+        fsdp = not ddp
+        self.report = dict(strategy=self.record.name, num_microbatches=g, defer_sync=self.defer_sync,
                            num_buckets=plan.buckets.num_buckets, reduce_scatter_transport=self.transport if fsdp else None,
                            ring_transport=ring_transport(self.transport, n) if fsdp else None,
                            num_all_sums=clip if fsdp else syncs * b, num_reduce_scatters=syncs * b if fsdp else 0,
@@ -193,69 +192,6 @@ class AccumTrainer(PhasedTrainer):
                            sync_time_s=sync_s + time.perf_counter() - t_acc)
         self._phase("updated")
         return loss, norm
-
-
-class Zero3Trainer(PhasedTrainer):
-    """A full-sharding step over G micro-batches; build it with :func:`make_zero3_trainer`.
-
-    Attributes:
-        model: The :class:`~workbench.adapters.mlx.zero3.Zero3Model`; its trainable parameters are this rank's rows.
-        report: The last step's ``num_all_gathers``, ``num_reduce_scatters``, ``num_all_sums``
-            and bytes sent per rank, counted as the collectives were issued.
-        phase_hook: As in :class:`AccumTrainer`.
-    """
-
-    def __init__(self, model: Zero3Model, optimizer: Any, *, max_norm: float | None, num_microbatches: int,
-                 defer_sync: bool):
-        self.model, self.optimizer, self.max_norm = model, optimizer, max_norm
-        self.num_microbatches, self.defer_sync = num_microbatches, defer_sync
-        self.report: dict = {}
-
-    def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
-        """One optimizer step, as :meth:`AccumTrainer.step`.
-
-        Per-micro-batch sync gathers and reduce-scatters every unit in every micro-batch (with
-        ``reshard_after_forward``, gathers twice), accumulating 1/N rows; deferred sync gathers
-        every unit once, keeps the full weights for all G micro-batches, accumulates full local
-        gradients and reduce-scatters each unit once, after the final micro-batch.
-        """
-        z, g = self.model, self.num_microbatches
-        n, defer = z.comm.group.size(), self.defer_sync and g > 1
-        micro_batches = split_microbatches(batch, g)
-        z.comm.take()
-        if defer:
-            z.set_full(True)
-        try:
-            loss, acc, _ = _accumulate(nn.value_and_grad(z, loss_fn), z, micro_batches, None)
-            self._phase("accumulated")
-        finally:
-            z.set_full(False)
-        if defer:
-            flat = dict(tree_flatten(acc))
-            for unit, where in zip(z.units, z.unit_paths()):
-                keys = [f"{where}.module.{p}" if where else f"module.{p}" for p in unit._z.paths]
-                flat.update(zip(keys, unit.scatter([flat[k] for k in keys], 1.0 / (n * g))))
-            acc = tree_unflatten(list(flat.items()))
-        elif g > 1:
-            acc = tree_map(lambda a: a * (1.0 / g), acc)
-        mx.eval(acc)  # a deferred full accumulator is freed here, before the update
-        norm = None
-        if self.max_norm is not None:
-            clipped, norm = clip_by_global_norm(dict(tree_flatten(acc)), self.max_norm, z.comm.group)
-            acc = tree_unflatten(list(clipped.items()))
-        self.optimizer.update(z, acc)
-        mx.eval(z.parameters(), self.optimizer.state, loss, *([norm] if norm is not None else []))
-        self.report = dict(strategy="full", num_microbatches=g, defer_sync=self.defer_sync, num_units=len(z.units),
-                           num_resharded_units=sum(u.reshards for u in z.units),
-                           reduce_scatter_transport=z.comm.transport, ring_transport=ring_transport(z.comm.transport, n),
-                           num_all_gathers=0, num_reduce_scatters=0,
-                           num_all_sums=int(self.max_norm is not None and n > 1)) | z.comm.take()
-        self._phase("updated")
-        return loss, norm
-
-    def full_parameters(self) -> dict[str, mx.array]:
-        """``{original path: full array}`` of the model (gathered; for checks and checkpoints)."""
-        return self.model.full_parameters()
 
 
 def make_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group | None = None, *,
@@ -268,7 +204,8 @@ def make_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group |
         model: The ``mlx.nn.Module`` (full parameters, identical on every rank).
         optimizer: An MLX optimizer; under FSDP its state covers this rank's 1/N shards.
         group: Default: the global group.
-        strategy: ``"ddp"`` or ``"fsdp"``.
+        strategy: A registered DDP or ZeRO-1/2-like strategy (``"ddp"``, ``"fsdp"``, ``"fsdp-row"``,
+            ``"fsdp-flat"``: the last two fix ``layout``).
         num_microbatches: G, micro-batches per optimizer step (each rank's batch split along axis 0).
         defer_sync: With G > 1: accumulate local gradients and synchronise once per step (True,
             1 collective per bucket) or synchronise every micro-batch (False, G per bucket).
@@ -280,41 +217,16 @@ def make_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group |
     Raises:
         ValueError: on an unknown strategy, layout or transport, or an invalid knob (named).
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {strategy!r}; make_trainer supports {', '.join(STRATEGIES)} "
+    record = get_strategy(strategy)
+    if record.family not in ("data_parallel", "zero_1_2"):
+        raise ValueError(f"strategy {strategy!r} gathers units: make_trainer runs DDP and ZeRO-1/2-like strategies "
                          "(full sharding: make_zero3_trainer).")
+    layout = record.layout or layout
     check_microbatches(num_microbatches, defer_sync, max_norm)
     if layout not in ("row", "flat"):
         raise ValueError(f"Unknown layout {layout!r}; choose 'row' or 'flat'.")
     if reduce_scatter not in REDUCE_SCATTER_TRANSPORTS:
         raise ValueError(f"Unknown reduce_scatter {reduce_scatter!r}; choose one of {', '.join(REDUCE_SCATTER_TRANSPORTS)}.")
-    return AccumTrainer(model, optimizer, group or mx.distributed.init(), strategy=strategy,
+    return AccumTrainer(model, optimizer, group or mx.distributed.init(), strategy=record,
                         num_microbatches=num_microbatches, defer_sync=defer_sync, communication_size=communication_size,
                         layout=layout, reduce_scatter=reduce_scatter, max_norm=max_norm)
-
-
-def make_zero3_trainer(model: nn.Module, optimizer: Any, group: mx.distributed.Group | None = None, *,
-                       units: list[str] | None = None, reshard_after_forward: bool = True,
-                       reduce_scatter: str = "auto", max_norm: float | None = None, num_microbatches: int = 1,
-                       defer_sync: bool = True) -> Zero3Trainer:
-    """Shard ``model`` in place (:func:`~workbench.adapters.mlx.zero3.shard_model`) and return its trainer.
-
-    Args:
-        model, group, units, reshard_after_forward, reduce_scatter: As in ``shard_model``.
-        optimizer: An MLX optimizer; its state is created for this rank's rows only (1/N).
-        max_norm, num_microbatches, defer_sync: As in :func:`make_trainer`.
-
-    Usage::
-
-        trainer = make_zero3_trainer(MLXLM(cfg), optim.AdamW(1e-3), num_microbatches=4)
-        loss, grad_norm = trainer.step(lm_loss, inputs, targets)
-        params = trainer.full_parameters()
-
-    Raises:
-        ValueError: on an invalid knob (named), a unit that is no submodule, or a parameter
-            whose size the group size does not divide (by path and shape).
-    """
-    check_microbatches(num_microbatches, defer_sync, max_norm)
-    z = shard_model(model, group, units=units, reshard_after_forward=reshard_after_forward,
-                    reduce_scatter=reduce_scatter)
-    return Zero3Trainer(z, optimizer, max_norm=max_norm, num_microbatches=num_microbatches, defer_sync=defer_sync)
