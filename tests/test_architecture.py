@@ -18,11 +18,7 @@ FRAMEWORK_FREE = ("core", "strategies", "estimate", "runs", "launch", "views", "
 PURE = ("core", "strategies")
 FRAMEWORKS = ("mlx", "jax", "jaxlib", "flax", "optax")
 #: Groups of modules still importing each other, with why; an entry that no longer holds fails the test.
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"workbench.ranks.entry", "workbench.ranks.train_mlx", "workbench.ranks.train_jax"}):
-        "issue 25, not yet cut: entry imports train_mlx and train_jax, which import entry's PHASE_* and "
-        "report_phase back inside their functions (those belong in a module below all three)",
-}
+KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 #: Modules allowed over MAX_LINES, with why.
 LONG_MODULES = {}
 MAX_LINES = 320

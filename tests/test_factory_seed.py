@@ -17,7 +17,7 @@ import pytest
 from workbench.core.paths import REPO_ROOT
 from workbench.launch.driver import StepWatchdog, describe_phases, run_training
 from workbench.launch.engines import EngineFailure
-from workbench.ranks.entry import PHASE_MODEL, PHASE_STEP
+from workbench.ranks.phases import PHASE_MODEL, PHASE_STEP
 from workbench.ranks.user_model import call_factory, start_fingerprint
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs

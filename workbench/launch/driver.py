@@ -25,7 +25,8 @@ from typing import Any, Callable, Mapping
 
 from workbench.launch.engines import EngineFailure, EngineRun, run_on_fresh_ports
 from workbench.launch.remote import runner_for
-from workbench.ranks.entry import PHASE_MODEL, PHASE_STEP, PHASES, read_phases, train_rank
+from workbench.ranks.entry import train_rank
+from workbench.ranks.phases import PHASE_MODEL, PHASE_STEP, PHASES, read_phases
 from workbench.runs.factory import import_paths
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, run_id_for

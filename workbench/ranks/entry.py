@@ -1,5 +1,5 @@
-"""The function every engine runs for a training run: one rank, MLX or JAX, by the spec's framework; the
-phases a rank reports as it goes; and the driver's bounded check of a user's model.
+"""The function every engine runs for a training run: one rank, MLX or JAX, by the spec's framework (the
+phases it reports as it goes: :mod:`workbench.ranks.phases`); and the driver's bounded check of a user's model.
 
 The driver (:mod:`workbench.launch.driver`) sends :func:`train_rank` to engines by its module path,
 so it lives here, below the driver, and imports only downward. ``python -m workbench.ranks.entry`` is the
@@ -9,7 +9,6 @@ so that ``timeout_s`` bounds a slow factory and a factory that crashes cannot ta
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import sys
@@ -20,17 +19,8 @@ from pathlib import Path
 from workbench.ranks.train_mlx import train_mlx
 from workbench.ranks.user_model import use_driver_paths, user_model_spec
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore, append_lines
-
-#: A run's phases file: one JSON line per phase a rank enters (:func:`report_phase`).
-PHASES_FILE = "phases.jsonl"
-PHASE_SPEC, PHASE_JOIN, PHASE_MODEL = "checking the spec and its token file", "joining the other ranks", \
-    "building the model"
-PHASE_AGREE, PHASE_COMPILE, PHASE_STEP = "comparing plans and starting weights", "compiling the step", \
-    "running the first step"
-#: In the order a rank goes through them.
-PHASES = (PHASE_SPEC, PHASE_JOIN, PHASE_MODEL, PHASE_AGREE, PHASE_COMPILE, PHASE_STEP)
-
+from workbench.ranks.phases import PHASE_SPEC, report_phase
+from workbench.runs.store import RunStore
 
 def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple[str, ...] = ()) -> dict:
     """One rank of a run (executed on an engine whose environment comes from the launch plan).
@@ -50,32 +40,6 @@ def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple
     from workbench.ranks.train_jax import train_jax
 
     return train_jax(spec, handle)
-
-
-def report_phase(handle, phase: str, rank: int | None = None) -> None:
-    """Append ``{rank, phase, attempt, time}`` to the run's :data:`PHASES_FILE` (one ``O_APPEND`` write, as
-    the steps); ``rank`` defaults to the engine's ``WORKBENCH_RANK``."""
-    rank = int(os.environ.get("WORKBENCH_RANK", -1)) if rank is None else rank
-    line = json.dumps({"rank": rank, "phase": phase, "attempt": handle.record.get("attempt", 1),
-                       "time": time.time()}) + "\n"
-    append_lines(Path(handle.folder) / PHASES_FILE, [line.encode()])
-
-
-def read_phases(folder: Path, attempt: int) -> dict[int, str]:
-    """The last phase each rank of ``attempt`` reported, ``{rank: phase}`` (unreadable lines skipped)."""
-    last: dict[int, str] = {}
-    try:
-        lines = (Path(folder) / PHASES_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return last
-    for line in lines:
-        try:
-            row = json.loads(line)
-            if row.get("attempt") == attempt:
-                last[int(row["rank"])] = str(row["phase"])
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue
-    return last
 
 
 def check_model_main() -> None:

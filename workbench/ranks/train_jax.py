@@ -174,7 +174,7 @@ def train_jax(spec, handle) -> dict:
         "initial_weights_sha256" (what the ranks compared before step 0)}`` and, when XLA reports it,
         ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes).
     """
-    from workbench.ranks.entry import PHASE_AGREE, PHASE_COMPILE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
+    from workbench.ranks.phases import PHASE_AGREE, PHASE_COMPILE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
     from workbench.ranks.user_model import agree_on_start, check_finite_loss, jax_params_and_loss, start_fingerprint
 
     report_phase(handle, PHASE_JOIN)

@@ -34,7 +34,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     from workbench.adapters.mlx.fsdp import optimizer_state_bytes
     from workbench.adapters.mlx.transport import has_sum_scatter
     from workbench.models.data import rank_slice
-    from workbench.ranks.entry import PHASE_AGREE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
+    from workbench.ranks.phases import PHASE_AGREE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
     from workbench.ranks.user_model import (
         agree_on_start,
         check_finite_loss,

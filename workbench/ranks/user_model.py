@@ -33,6 +33,7 @@ from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec, spec_from_flat
 from workbench.ranks.model_vocab import check_model_vocab
 from workbench.runs.factory import add_import_paths, data_sha256, resolve_factory
+from workbench.strategies import get_strategy
 
 EXPECTED = {"mlx": "(mlx.nn.Module, loss_fn(model, inputs, targets))",
             "jax": "(flax.nnx.Module, loss_fn(params, (inputs, targets)))"}
