@@ -18,7 +18,7 @@ import numpy as np
 
 from workbench.core.buckets import BucketPlan
 from workbench.core.shards import ShardPlan
-from workbench.strategies import COLLECTIVES, NAMES, StepShape, bus_factor, get_strategy, ring_steps, strategies
+from workbench.strategies import NAMES, StepShape, bus_factor, get_strategy, ring_steps, strategies
 from workbench.strategies.collectives import count_of_ranks as _ranks
 
 STRATEGIES = NAMES  # every registered strategy has a communication model (workbench.strategies)

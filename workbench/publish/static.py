@@ -4,7 +4,6 @@ written atomically (:mod:`workbench.runs.atomic`, as every output of a build).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import html
 import os
