@@ -25,7 +25,7 @@ need mpirun "openmpi-bin libopenmpi-dev" "MPI (HSDP)"
 need chromium chromium browser
 # openssh-server: each host of the multi-host rig runs its own sshd (tests/test_hosts_rig.py).
 need sshd openssh-server "multi-host rig"
-# Slurm and munge: the rig's own Slurm cluster (hosts_rig.py up --slurm) for ipyparallel's Slurm launcher.
+# Slurm and munge: the rig's own Slurm cluster (scripts/hosts_rig up --slurm) for ipyparallel's Slurm launcher.
 need slurmctld "slurm-wlm munge" "Slurm"
 python3 -m pip install -q -c constraints.txt -e ".[all,test]"
 # The 25 slowest tests close every run, so a test that grows past its share is seen in CI's log.

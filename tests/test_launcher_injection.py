@@ -5,7 +5,7 @@ Each payload is refused where the hosts file is read (test_hosts_input.py). Here
 that check into a :class:`Host` (as a missed check would let it through), to show that what the
 launchers are told still keeps it a literal: ipyparallel's Slurm launcher writes its batch script and
 ``sh`` runs it; ipyparallel's ssh launcher runs the real ssh client; OpenMPI's ``plm_rsh_args``
-never takes a word with whitespace. On the multi-host rig (scripts/hosts_rig.py) the whole start,
+never takes a word with whitespace. On the multi-host rig (scripts/hosts_rig) the whole start,
 :func:`start_remote_engines`, runs each payload against real sshds and ``mpiexec``.
 """
 

@@ -1,4 +1,4 @@
-"""Runs across hosts, on the multi-host rig (scripts/hosts_rig.py): engines started by ipyparallel's own
+"""Runs across hosts, on the multi-host rig (scripts/hosts_rig): engines started by ipyparallel's own
 launchers (ssh, mpiexec), MLX ring and JAX gloo across the rig's bridge, and the faults a cluster has.
 
 The pure parts (hosts files, the multi-host plan, what the launchers are told) need no rig. The rest is

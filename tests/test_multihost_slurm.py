@@ -1,5 +1,5 @@
 """Engines started through ipyparallel's Slurm launcher on the multi-host rig's own Slurm cluster
-(``scripts/hosts_rig.py up --slurm``: munged, a slurmctld on the head, one slurmd per host).
+(``python scripts/hosts_rig up --slurm``: munged, a slurmctld on the head, one slurmd per host).
 
 A 2-host MLX run submitted as one ``sbatch`` job must end on the loss of the same spec on one host and
 name each rank's host; tearing the rig down must leave no Slurm or munge daemon, also when its state is
@@ -131,7 +131,7 @@ def test_down_by_prefix_stops_slurm_and_munge_when_the_state_is_lost(tmp_path):
     try:
         assert all(_running(p) for p in _daemon_pids(slurm))  # the crash left them: there is work for down
         shutil.rmtree(state)
-        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "hosts_rig.py"), "down", "--prefix", prefix],
+        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "hosts_rig"), "down", "--prefix", prefix],
                              check=False, capture_output=True, text=True, timeout=T)
         assert out.returncode == 0, out.stderr
         _assert_no_slurm_left(slurm)
@@ -140,8 +140,8 @@ def test_down_by_prefix_stops_slurm_and_munge_when_the_state_is_lost(tmp_path):
 
 
 def test_missing_slurm_is_a_skip_naming_the_packages(monkeypatch):
-    real = hosts_rig._tool
-    monkeypatch.setattr(hosts_rig, "_tool", lambda name, env=None: None if name in ("slurmctld", "munged") else real(name, env))
+    real = hosts_rig.slurm._tool
+    monkeypatch.setattr(hosts_rig.slurm, "_tool", lambda name, env=None: None if name in ("slurmctld", "munged") else real(name, env))
     with pytest.raises(hosts_rig.SlurmUnavailable,
                        match=r"needs slurmctld, munged \(apt-get install -y munge slurm-wlm slurmctld\)"):
         hosts_rig.check_slurm_support()

@@ -12,7 +12,7 @@ A hosts file names the machines a run may use, each with its slots (ranks it tak
     port = 22                          # optional
     python = "/opt/venv/bin/python"   # optional (default: python3)
 
-The multi-host rig's own ``rig.json`` (``scripts/hosts_rig.py up``) is such a file: its hosts carry
+The multi-host rig's own ``rig.json`` (``scripts/hosts_rig up``) is such a file: its hosts carry
 ``address``, ``port``, ``user`` and ``python``, its ``head_address`` is the controller's address.
 
 :func:`plan_hosts_launch` is :func:`workbench.launch.plan.plan_launch` across hosts: ranks fill
@@ -45,7 +45,7 @@ from workbench.launch.plan import LaunchPlan, plan_launch, thread_env
 REMOTE_PORTS = range(20000, 32000)
 _HOST_KEYS = {"address", "slots", "user", "port", "python", "name"}
 _FILE_KEYS = {"hosts", "controller_ip", "ssh_config", "head_address"}
-#: The multi-host rig's bookkeeping in its rig.json (scripts/hosts_rig.py), accepted and unused there only.
+#: The multi-host rig's bookkeeping in its rig.json (scripts/hosts_rig), accepted and unused there only.
 _RIG_KEYS = {"rig_id", "status", "state_dir", "subnet", "bridge", "uts", "key", "known_hosts", "ssh", "ssh_command",
              "slurm", "created", "created_by_pid"}
 _RIG_HOST_KEYS = {"hostname", "netns", "veth", "sshd_pid", "sshd_config", "sshd_log"}
