@@ -31,7 +31,7 @@ LINK_SIZES = tuple(4**k * 64 * KiB for k in range(6))  # 64 KiB to 64 MiB
 
 
 def mlp_spec(hidden: int, layers: int) -> ModelSpec:
-    """The benchmark's MLP (``workbench.ranks.mlx_fsdp_check.build_params``), in MLX's flatten order."""
+    """The benchmark's MLP (``workbench.models.mlx_mlp.build_params``), in MLX's flatten order."""
     params = []
     for i in range(layers):
         params += [ParamSpec(f"layers.{i}.weight", (hidden, hidden)), ParamSpec(f"layers.{i}.bias", (hidden,))]

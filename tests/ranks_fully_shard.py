@@ -53,8 +53,9 @@ from workbench.core.fully_shard_plan import plan_fully_shard
 from workbench.core.paths import REPO_ROOT
 from workbench.models.init import LMConfig
 from workbench.models.mlx_lm import lm_loss
-from workbench.ranks.mlx_fsdp_check import Spy
-from workbench.ranks.mlx_zero3_check import LARGE, SMALL, batch, build, peak_of_step
+
+from programs.mlx_fsdp_check import Spy  # this script's folder, tests/, is sys.path[0]
+from programs.mlx_zero3_check import LARGE, SMALL, batch, build, peak_of_step
 
 sys.path.append(str(REPO_ROOT))
 from examples import tiny_mlp_lm  # noqa: E402

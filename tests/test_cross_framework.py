@@ -1,9 +1,9 @@
 """MLX and JAX take the same step: same initial weights, same data, same updated parameters.
 
-The model is :mod:`workbench.ranks.mlx_fsdp_check`'s MLP (weights ``(d_out, d_in)`` used as
+The model is the MLP of :mod:`workbench.models.mlx_mlp` (weights ``(d_out, d_in)`` used as
 ``h @ W.T + b``, exact-erf GELU between layers, float32 MSE), written once more in JAX
 below. Both sides start from the NumPy-seeded weights of ``build_params`` and read the
-global batches of ``mlx_worker.batch``. Tolerance: 1e-5 absolute on parameters of order 1;
+global batches of ``programs.mlx_fsdp_check.batch``. Tolerance: 1e-5 absolute on parameters of order 1;
 measured after 3 steps, plain and FSDP alike: about 6e-8 (SGD) and 1.2e-7 (AdamW), the
 rounding of the two frameworks' float32 kernels.
 
@@ -26,7 +26,9 @@ from jax.sharding import Mesh
 
 from workbench.adapters.jax.fsdp import make_fsdp_step
 from workbench.adapters.mlx.fsdp import fsdp_apply_gradients
-from workbench.ranks.mlx_fsdp_check import MODELS, batch, build_params, mlp_loss
+from workbench.models.mlx_mlp import build_params, mlp_loss
+
+from programs.mlx_fsdp_check import MODELS, batch
 
 DIMS = MODELS["even"]  # (8, 16, 16, 4): every array divisible by 4 (row layout)
 SEED = 7
@@ -39,7 +41,7 @@ MAX_NORM = 0.2  # below this problem's gradient norms (~0.4), so clipping is act
 
 
 def jax_mlp_loss(params, batch):
-    """``mlx_worker.mlp_loss`` in JAX: same layout, same exact GELU, same float32 MSE."""
+    """``workbench.models.mlx_mlp.mlp_loss`` in JAX: same layout, same exact GELU, same float32 MSE."""
     x, y = batch
     h, layers = x, params["layers"]
     for i, layer in enumerate(layers):

@@ -159,7 +159,7 @@ def test_the_trainer_over_one_rank_is_a_plain_step_and_refuses_deferred_sync():
 
     from workbench.adapters.mlx.fully_shard_trainer import FullyShardTrainer
     from workbench.models.mlx_lm import lm_loss
-    from workbench.ranks.mlx_zero3_check import SMALL, batch, build
+    from programs.mlx_zero3_check import SMALL, batch, build
 
     plain, opt = build(SMALL), optim.SGD(0.5)
     trainer = FullyShardTrainer(build(SMALL), optim.SGD(0.5), max_norm=1.0, num_microbatches=2)

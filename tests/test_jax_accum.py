@@ -18,7 +18,9 @@ from jax.sharding import Mesh
 from workbench.adapters.jax.accum import compiled_program_counts, program_counts
 from workbench.adapters.jax.fsdp import make_ddp_step, make_fsdp_step
 from workbench.adapters.jax.zero3 import make_zero3_step
-from workbench.ranks.jax_fsdp_check import build_problem, make_optimizer, mlp_loss
+from workbench.models.jax_mlp import build_problem, mlp_loss
+
+from programs.jax_fsdp_check import make_optimizer
 
 N, STEPS, CAP, MAX_NORM = 4, 3, 600, 0.3  # CAP: 3 buckets of the MLP; MAX_NORM: clipping active
 STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "zero3-reshard", "zero3-keep")

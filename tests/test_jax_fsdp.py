@@ -33,7 +33,9 @@ from workbench.adapters.jax.zero3 import (
     fsdp_step_sharded,
     make_zero3_step,
 )
-from workbench.ranks.jax_fsdp_check import build_problem, make_optimizer, mlp_loss
+from workbench.models.jax_mlp import build_problem, mlp_loss
+
+from programs.jax_fsdp_check import make_optimizer
 
 DEVICES = jax.devices()
 EVEN = (8, 16, 16, 8)  # every array divisible by 8 (row layout)

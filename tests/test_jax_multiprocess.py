@@ -9,7 +9,6 @@ which never hangs: a failing rank or a timeout stops every rank and raises
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
@@ -20,24 +19,27 @@ import optax
 import pytest
 
 from workbench.adapters.jax.base import spec_from_jax
+from workbench.adapters.jax.distributed import bind_gloo_to
 from workbench.core.buckets import plan_buckets
 from workbench.launch.plan import LaunchError, plan_launch, run_local
-from workbench.ranks.jax_fsdp_check import CONFIGS, bind_gloo_to, build_problem, make_optimizer, mlp_loss, parse_args
+from workbench.models.jax_mlp import build_problem, mlp_loss
 
-REPO = Path(__file__).resolve().parents[1]
+from programs import rank_env
+from programs.jax_fsdp_check import CONFIGS, make_optimizer, parse_args
+
 STEPS = 3
 COMMUNICATION_SIZE = 256  # bytes: the worker's default, 2 buckets for its MLP
 
 
 def jax_plan(num_processes: int = 2):
-    """A JAX plan whose ranks import this checkout's ``workbench`` whether or not it is installed."""
-    return plan_launch(num_processes, framework="jax", backend="gloo",
-                       env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    """A JAX plan whose ranks import this checkout's ``workbench`` whether or not it is installed, and the
+    rank program (``programs``, under tests/)."""
+    return plan_launch(num_processes, framework="jax", backend="gloo", env=rank_env())
 
 
 def worker_argv(out_dir: Path, *extra: str) -> list[str]:
     """The same argv for every rank: coordinator, process count and id come from the plan's environment."""
-    return ["-m", "workbench.ranks.jax_fsdp_check", "--out", str(out_dir / "rank{process_id}.json"), "--steps", str(STEPS), *extra]
+    return ["-m", "programs.jax_fsdp_check", "--out", str(out_dir / "rank{process_id}.json"), "--steps", str(STEPS), *extra]
 
 
 def reference_run(params, batch, opt_name, max_norm):

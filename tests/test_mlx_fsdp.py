@@ -13,6 +13,8 @@ from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.adapters.mlx.fsdp import fsdp_apply_gradients, optimizer_state_bytes
 from workbench.launch.plan import LaunchError, plan_launch, run_local, run_worker
 
+from programs import rank_env
+
 # fp32: the issue's 1e-6 relative (the ring sums in another order than MLX's all_sum, ~1e-7 apart).
 # bf16: 2 ulps (eps = 2**-7): the ring adds in bf16 hop by hop, MLX's all_sum in its own order.
 RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
@@ -22,7 +24,7 @@ RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
 def ring_run(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"mlx{n}")
-    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.ranks.mlx_fsdp_check", out,
+    return n, run_worker(plan_launch(n, framework="mlx", backend="ring", env=rank_env()), "programs.mlx_fsdp_check", out,
                          timeout_s=240, workdir=out / "logs")
 
 
@@ -57,7 +59,7 @@ def test_fsdp_parameters_equal_ddp_after_several_steps(ring_run):
 
 
 def test_fsdp_is_mlx_v0320_fsdp_apply_gradients_bit_for_bit_at_two_ranks(ring_run):
-    """Against MLX v0.32.0's own algorithm (ranks.mlx_fsdp_check.mlx_v0320_fsdp_apply_gradients), fp32
+    """Against MLX v0.32.0's own algorithm (programs.mlx_fsdp_check.mlx_v0320_fsdp_apply_gradients), fp32
     AdamW, 3 steps: identical bits at 2 ranks, where every sum is a + b; at 4 ranks the ring adds in
     another order than all_sum, so within the fp32 tolerance."""
     n, ranks = ring_run

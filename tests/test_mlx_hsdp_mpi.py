@@ -8,6 +8,8 @@ import pytest
 
 from workbench.launch.plan import mpirun_command, plan_launch, run_local, run_worker
 
+from programs import rank_env
+
 pytestmark = pytest.mark.skipif(
     shutil.which("mpirun") is None,
     reason="OpenMPI's mpirun is not installed (scripts/test.sh installs Debian's openmpi-bin where it can)",
@@ -18,7 +20,7 @@ RTOL = {"float32": 1e-6, "bfloat16": 2 * 2**-7}
 @pytest.fixture(scope="module")
 def mpi_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mpi")
-    return run_worker(plan_launch(4, framework="mlx", backend="mpi"), "workbench.ranks.mlx_fsdp_check", out, "--hsdp", "2",
+    return run_worker(plan_launch(4, framework="mlx", backend="mpi", env=rank_env()), "programs.mlx_fsdp_check", out, "--hsdp", "2",
                       timeout_s=300, workdir=out / "logs")
 
 

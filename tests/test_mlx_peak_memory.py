@@ -1,16 +1,18 @@
 """MLX's own ``test_fsdp_peak_memory`` (mlx v0.32.0, ``python/tests/nccl_test_distributed.py``) on the
 workbench's step, on real ring processes: FSDP's peak strictly below DDP's, at 2 and 4 ranks, both layouts.
-The body runs in :mod:`workbench.ranks.mlx_peak_memory`, as MLX wrote it."""
+The body runs in tests/programs/mlx_peak_memory.py, as MLX wrote it."""
 
 import pytest
 
 from workbench.launch.plan import plan_launch, run_worker
 
+from programs import rank_env
+
 
 @pytest.mark.parametrize("layout", ["row", "flat"])
 @pytest.mark.parametrize("n", [2, 4], ids=["2-ranks", "4-ranks"])
 def test_fsdp_peak_memory(tmp_path, n, layout):
-    ranks = run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.ranks.mlx_peak_memory", tmp_path,
+    ranks = run_worker(plan_launch(n, framework="mlx", backend="ring", env=rank_env()), "programs.mlx_peak_memory", tmp_path,
                        "--layout", layout, timeout_s=240, workdir=tmp_path / "logs")
     assert [r["size"] for r in ranks] == [n] * n
     for r in ranks:

@@ -8,15 +8,18 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer, split_microbatches
+from workbench.adapters.mlx.accum import make_trainer, split_microbatches
 from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.adapters.mlx.zero3 import shard_model
+from workbench.adapters.mlx.zero3_trainer import make_zero3_trainer
 from workbench.core.buckets import plan_buckets
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.memory import estimate_memory
 from workbench.launch.plan import plan_launch, run_worker
 from workbench.models.mlx_lm import MLXLM, lm_loss
-from workbench.ranks.mlx_zero3_check import (
+
+from programs import rank_env
+from programs.mlx_zero3_check import (
     CUSTOM_UNITS,
     FSDP_BUCKET_BYTES,
     GLOBAL_BATCH,
@@ -41,7 +44,7 @@ RTOL_SGD = 1e-6
 def ring_run(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"zero3-{n}")
-    return n, run_worker(plan_launch(n, framework="mlx", backend="ring"), "workbench.ranks.mlx_zero3_check", out,
+    return n, run_worker(plan_launch(n, framework="mlx", backend="ring", env=rank_env()), "programs.mlx_zero3_check", out,
                          timeout_s=300, workdir=out / "logs")
 
 

@@ -1,8 +1,9 @@
-"""One rank of a real MLX run that proves FSDP equals DDP (started by :mod:`workbench.launch.plan`).
+"""One rank of a real MLX run that proves FSDP equals DDP (started by tests/test_mlx_fsdp.py and
+tests/test_mlx_hsdp_mpi.py through :func:`workbench.launch.plan.run_worker`).
 
-    python -m workbench.ranks.mlx_fsdp_check --out DIR [--steps 3] [--cases all|quick]
+    PYTHONPATH=tests python -m programs.mlx_fsdp_check --out DIR [--steps 3] [--cases all|quick] [--hsdp K]
 
-Every rank builds the same small MLP from a NumPy seed, takes its slice of one global batch
+Every rank builds the same small MLP (:mod:`workbench.models.mlx_mlp`) from a NumPy seed, takes its slice of one global batch
 per step, and runs DDP (``mlx.nn.average_gradients`` + the optimizer) and FSDP
 (:func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients`) side by side for each case.
 It records parameters, gradient norms, its gradient shards next to the DDP-averaged

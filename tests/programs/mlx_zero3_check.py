@@ -1,14 +1,15 @@
-"""One rank of a real MLX run proving full sharding and gradient accumulation (started by :mod:`workbench.launch.plan`).
+"""One rank of a real MLX run proving full sharding and gradient accumulation (started by
+tests/test_mlx_zero3.py through :func:`workbench.launch.plan.run_worker`).
 
-    python -m workbench.ranks.mlx_zero3_check --out DIR [--parts equal,accum,memory,errors,fully_shard]
+    PYTHONPATH=tests python -m programs.mlx_zero3_check --out DIR [--parts equal,accum,memory,errors,fully_shard]
 
 Every rank builds the same small LM (:mod:`workbench.models`) from a NumPy seed and takes its
 slice of each global batch. Parts:
 
-* ``equal``: ZeRO-3 (:func:`~workbench.adapters.mlx.zero3.make_zero3_trainer`, both
+* ``equal``: ZeRO-3 (:func:`~workbench.adapters.mlx.zero3_trainer.make_zero3_trainer`, both
   ``reshard_after_forward`` modes) against DDP for several AdamW steps;
 * ``accum``: DDP, FSDP and ZeRO-3 with G micro-batches, deferred and per-micro-batch sync,
-  against one large-batch DDP step; collectives counted by the :class:`~workbench.ranks.mlx_fsdp_check.Spy`;
+  against one large-batch DDP step; collectives counted by the :class:`programs.mlx_fsdp_check.Spy`;
 * ``memory``: MLX peak memory of one step per strategy (a larger LM), after a warm-up step;
 * ``errors``: the messages of refused unit choices and unshardable parameters;
 * ``fully_shard``: MLX's ``fully_shard`` against ours; on ring and MPI through
@@ -30,15 +31,17 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from workbench.adapters.mlx.accum import make_trainer, make_zero3_trainer
+from workbench.adapters.mlx.accum import make_trainer
 from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
 from workbench.adapters.mlx.fsdp import ddp_apply_gradients, fsdp_apply_gradients
 from workbench.adapters.mlx.fully_shard import supply_sum_scatter
 from workbench.adapters.mlx.transport import has_sum_scatter
 from workbench.adapters.mlx.zero3 import shard_model
+from workbench.adapters.mlx.zero3_trainer import make_zero3_trainer
 from workbench.models.init import LMConfig, init_lm_params
 from workbench.models.mlx_lm import MLXLM, lm_loss, load_params
-from workbench.ranks.mlx_fsdp_check import Spy
+
+from programs.mlx_fsdp_check import Spy
 
 SMALL = LMConfig(vocab_size=32, seq_len=8, dim=16, num_layers=2, num_heads=2, mlp_dim=32)
 LARGE = LMConfig(vocab_size=256, seq_len=16, dim=128, num_layers=8, num_heads=4, mlp_dim=512)

@@ -1,7 +1,8 @@
 """One rank of MLX's own ``test_fsdp_peak_memory`` (mlx v0.32.0, ``python/tests/nccl_test_distributed.py``),
-ported to the workbench's step on any backend (started by :mod:`workbench.launch.plan`).
+ported to the workbench's step on any backend (started by tests/test_mlx_peak_memory.py through
+:func:`workbench.launch.plan.run_worker`).
 
-    python -m workbench.ranks.mlx_peak_memory --out DIR [--layout row]
+    PYTHONPATH=tests python -m programs.mlx_peak_memory --out DIR [--layout row]
 
 The body is MLX's, line for line: two parameters ``(N * 1024, 1024)`` and ``(N * 2048, 512)`` and
 random gradients (seed 42), Adam at 0.01; ten DDP steps (``average_gradients``, ``clip_grad_norm`` at

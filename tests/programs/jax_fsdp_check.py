@@ -5,23 +5,23 @@ Usage: through the launcher, which sets each rank's ``WORKBENCH_COORDINATOR``,
 CPU flags (:func:`workbench.launch.plan.plan_launch`; ``{process_id}`` in ``--out`` becomes the
 rank)::
 
-    run_local(plan_launch(2, framework="jax"),
-              ["-m", "workbench.ranks.jax_fsdp_check", "--out", "run_{process_id}.json"])
+    run_local(plan_launch(2, framework="jax", env=programs.rank_env()),
+              ["-m", "programs.jax_fsdp_check", "--out", "run_{process_id}.json"])
 
 or by hand, one command per process (process 0 hosts the coordinator); a flag given
 overrides its environment variable::
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=1 JAX_PLATFORMS=cpu \\
-    python -m workbench.ranks.jax_fsdp_check --coordinator 127.0.0.1:PORT --num-processes 2 \\
+    XLA_FLAGS=--xla_force_host_platform_device_count=1 JAX_PLATFORMS=cpu PYTHONPATH=tests \\
+    python -m programs.jax_fsdp_check --coordinator 127.0.0.1:PORT --num-processes 2 \\
         --process-id I --out run_I.json [--steps 3] [--seed 0] [--communication-size 256]
 
 Each process owns one CPU device; cross-process collectives go through gloo. Every
 process builds the same small MLP and global batch from a NumPy seed
-(:func:`build_problem`), runs every configuration of :data:`CONFIGS` for ``--steps``
-steps, and writes plain data (no live arrays)::
+(:func:`workbench.models.jax_mlp.build_problem`), runs every configuration of :data:`CONFIGS`
+for ``--steps`` steps, and writes plain data (no live arrays)::
 
     {"process_id": I, "num_processes": P, "num_devices": D, "num_local_devices": 1,
-     "gloo_bound_to": "127.0.0.1" (or null if JAX moved the hook, see bind_gloo_to),
+     "gloo_bound_to": "127.0.0.1" (or null if JAX moved the hook, see workbench.adapters.jax.distributed.bind_gloo_to),
      "results": {name: {"params": {path: nested list}, "losses": [...], "grad_norms": [...],
                         "num_collectives": int, "num_buckets": int, "wall_s": float}}}
 """
@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from workbench.adapters.jax.distributed import bind_gloo_to, initialize_jax  # noqa: F401 (bind_gloo_to: the tests')
+from workbench.adapters.jax.distributed import initialize_jax
 from workbench.models.jax_mlp import build_problem, mlp_loss
 from workbench.ranks.jax_args import parse_rank_args
 
