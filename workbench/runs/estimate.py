@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from workbench.core.buckets import plan_buckets
+from workbench.core.fully_shard_plan import plan_fully_shard
 from workbench.core.shards import plan_shards
 from workbench.core.specs import DTYPE_BYTES, ModelSpec, spec_from_flat
 from workbench.estimate.activations import estimate_activation_bytes
@@ -82,7 +83,11 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     ``num_microbatches`` G > 1, activations are one micro-batch's and the accumulator follows
     ``defer_sync`` (:func:`~workbench.estimate.memory.estimate_memory`). ``fsdp-full`` without deferred sync
     recomputes each block in backward (``estimate_run_activation_bytes(recompute=True)``), and on
-    MLX its unit's backward buffers are ``ShardedUnit``'s (``unit_buffers="mlx"``).
+    MLX its unit's backward buffers are ``ShardedUnit``'s (``unit_buffers="mlx"``). MLX's ``fully_shard``
+    (``mlx-fully-shard``) is ZeRO-3 without resharding: its units are the wrapped modules
+    (:func:`~workbench.core.fully_shard_plan.plan_fully_shard`: each block, then the root), all gathered
+    from forward to backward, with the activations of the whole model kept (nothing recomputed). A run
+    gathers in the run's ``precision`` (a RunSpec has no ``compute_dtype``), so no cast copies are counted.
     """
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     strategy, n, precision = fields["strategy"], fields["num_ranks"], fields["precision"]
@@ -97,11 +102,15 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     # (G > 1) runs the gathered model without the units' rematerialisation.
     recompute = record.gathers_units and record.reshard_after_forward and not (g > 1 and defer)
     impl = next((i for i in record.implementations if i.framework == fields["framework"]), None)
+    # fully_shard's units are the modules its trainer wraps (each block, then the root): every unit's weights
+    # stay gathered from forward to backward, and the largest unit's full gradient meets them there.
+    units = {u.name: u.num_params for u in plan_fully_shard(model, n).units} if record.family == "fully_shard" \
+        else None
     return estimate_memory(
         model, strategy, n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
         optimizer_state_dtype=precision, bucket_plan=buckets if by_buckets else None,
         shard_plan=shard_plan, update_copies=FRAMEWORK_UPDATE_COPIES[fields["framework"]],
-        num_microbatches=g, defer_sync=defer, reshard_after_forward=record.reshard_after_forward,
+        num_microbatches=g, defer_sync=defer, reshard_after_forward=record.reshard_after_forward, units=units,
         unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), recompute))
 
