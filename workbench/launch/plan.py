@@ -227,7 +227,7 @@ def run_local(plan: LaunchPlan, argv: list[str], *, timeout_s: float = 120.0, wo
 
     Args:
         plan: From :func:`plan_launch`.
-        argv: Arguments after the Python executable (e.g. ``["-m", "workbench.ranks.mlx_fsdp_check", ...]``).
+        argv: Arguments after the Python executable (e.g. ``["-m", "workbench.ranks.mlx_step_timing", ...]``).
         timeout_s: Wall-clock limit for the whole run.
         workdir: Where the hostfile and rank logs go (default: a temporary folder).
 
