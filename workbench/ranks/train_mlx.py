@@ -5,6 +5,7 @@ every strategy computes the same global step. Every step is appended to the run 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -19,6 +20,10 @@ from workbench.ranks.probes import (
     tree_nbytes,
 )
 from workbench.runs.spec import RunSpec
+
+#: Longest wait, in seconds, for the ``sum_scatter`` check before a ``fully_shard`` run (the ranks have just
+#: agreed on the start, so they arrive together; a probe lost in MLX, #4285, ends the rank after this).
+SUM_SCATTER_CHECK_S = 60.0
 
 
 def train_mlx(spec: RunSpec, handle) -> dict:
@@ -44,6 +49,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     )
 
     report_phase(handle, PHASE_JOIN)
+    sum_scatter = None  # fully_shard only: check_sum_scatter's answer ("supplied", "native", "none needed")
     backend = os.environ.get("WORKBENCH_BACKEND", "ring") if spec.num_ranks > 1 else "none"
     if spec.num_ranks == 1:  # no peers, no backend: MLX's group of one (a ring of one waits for a peer)
         os.environ.pop("MLX_HOSTFILE", None)
@@ -62,36 +68,43 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     report_phase(handle, PHASE_AGREE, rank)
     exchange_s = agree_on_start(lambda fp: check_ranks_agree(group, fp), fingerprint, spec, rank)
     record = get_strategy(spec.strategy, framework="mlx")
-    if record.gathers_units:  # ZeRO-3: one unit per transformer block, plus the root
-        trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=record.reshard_after_forward, **accum)
-    else:  # DDP, or MLX's FSDP step in the record's layout
-        trainer = make_trainer(model, opt, group, strategy=record.name, communication_size=spec.communication_size,
-                               **accum)
-    # The trainer evaluates every micro-batch's backward before its sync starts (deferred: before the
-    # one sync of the step), so activations are gone before the collective buffers and update copies
-    # appear (the phases of workbench.estimate.memory), and reports the seconds spent syncing. Full sharding's
-    # collectives run inside forward and backward: its sync time is not separable (None).
-    batch_for_step = global_batches(spec)  # Markov chain or spec.data's token file
-    mx.reset_peak_memory()
-    report_phase(handle, PHASE_STEP, rank)
-    for step in range(spec.steps):
-        local = rank_slice(batch_for_step(step), rank, size)
-        inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
-        t0 = time.perf_counter()
-        loss, norm = trainer.step(loss_fn, inputs, targets)
-        t1 = time.perf_counter()
-        loss = loss.item()
-        handle.append_steps([{
-            "step": step, "rank": rank, "loss": loss, "grad_norm": norm.item(),
-            "step_time_s": t1 - t0, "sync_time_s": trainer.report.get("sync_time_s"),
-            "num_collectives": collective_count(trainer.report),
-            "peak_rss_bytes": peak_rss_bytes(), "peak_array_bytes": peak_array_bytes(),
-        }])
-        check_finite_loss(loss, step, rank)  # after its row is stored: the record shows it
+    with contextlib.ExitStack() as run_scope:  # what the run's trainer needs until its last step
+        if record.family == "fully_shard":  # MLX's own fully_shard: every block, then the root
+            trainer, sum_scatter = _fully_shard_trainer(record, model, opt, group, run_scope, accum)
+        elif record.gathers_units:  # ZeRO-3: one unit per transformer block, plus the root
+            trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=record.reshard_after_forward,
+                                         **accum)
+        else:  # DDP, or MLX's FSDP step in the record's layout
+            trainer = make_trainer(model, opt, group, strategy=record.name,
+                                   communication_size=spec.communication_size, **accum)
+        # The trainer evaluates every micro-batch's backward before its sync starts (deferred: before the
+        # one sync of the step), so activations are gone before the collective buffers and update copies
+        # appear (the phases of workbench.estimate.memory), and reports the seconds spent syncing. Full
+        # sharding's collectives run inside forward and backward: its sync time is not separable (None).
+        batch_for_step = global_batches(spec)  # Markov chain or spec.data's token file
+        mx.reset_peak_memory()
+        report_phase(handle, PHASE_STEP, rank)
+        for step in range(spec.steps):
+            local = rank_slice(batch_for_step(step), rank, size)
+            inputs, targets = mx.array(local[:, :-1]), mx.array(local[:, 1:])
+            t0 = time.perf_counter()
+            loss, norm = trainer.step(loss_fn, inputs, targets)
+            t1 = time.perf_counter()
+            loss = loss.item()
+            handle.append_steps([{
+                "step": step, "rank": rank, "loss": loss, "grad_norm": norm.item(),
+                "step_time_s": t1 - t0, "sync_time_s": trainer.report.get("sync_time_s"),
+                "num_collectives": collective_count(trainer.report),
+                "peak_rss_bytes": peak_rss_bytes(), "peak_array_bytes": peak_array_bytes(),
+            }])
+            check_finite_loss(loss, step, rank)  # after its row is stored: the record shows it
     report = trainer.report
-    params = trainer.model.parameters()  # under fsdp-full: this rank's rows
+    params = trainer.model.parameters()  # under fsdp-full and fully_shard: this rank's rows
     return {"rank": rank, "backend": backend,
             "capabilities": {"sum_scatter": has_sum_scatter(group), "group_split": can_split_groups(group)},
+            "sum_scatter_check": sum_scatter,
+            # fully_shard: the sum_scatter calls its backward made in the last step, counted by the shim
+            "supplied_reduce_scatters": report.get("num_supplied_reduce_scatters"),
             "collective_path": report.get("reduce_scatter_transport") or "all_reduce",
             "ring_transport": report.get("ring_transport"), "peak_rss_bytes": peak_rss_bytes(),
             "fingerprint_exchange_s": exchange_s, "initial_weights_sha256": fingerprint["initial_weights"],
@@ -100,6 +113,25 @@ def train_mlx(spec: RunSpec, handle) -> dict:
             "measured_memory": {"parameters": tree_nbytes(params), "optimizer_state": optimizer_state_bytes(opt),
                                 "peak": peak_array_bytes(), "peak_source": "mx.get_peak_memory"},
             "versions": package_versions()}
+
+
+def _fully_shard_trainer(record, model, opt, group, run_scope: contextlib.ExitStack, accum: dict):
+    """The trainer of MLX's own ``fully_shard`` (the record's builder), and what the pre-run check found.
+
+    The workbench's CPU reduce-scatter stands in for the ``sum_scatter`` ring and MPI lack, for the whole run
+    (``run_scope``: until its last step, error or not); then every rank, the ranks having agreed on the start,
+    reduce-scatters a known matrix the way ``fully_shard`` will: where the collective is still missing or
+    wrong, every rank fails within :data:`SUM_SCATTER_CHECK_S`, naming ``sum_scatter`` and the backend
+    (:func:`~workbench.adapters.mlx.fully_shard.check_sum_scatter`), instead of hanging in the first step.
+    """
+    import importlib
+
+    from workbench.adapters.mlx.fully_shard import check_sum_scatter, supply_sum_scatter
+
+    run_scope.enter_context(supply_sum_scatter(group))
+    found = check_sum_scatter(group, timeout_s=SUM_SCATTER_CHECK_S)
+    module, _, name = record.implementation("mlx").builder.partition(":")
+    return getattr(importlib.import_module(module), name)(model, opt, group, **accum), found
 
 
 def _numpy(array):
