@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from workbench.core.checks import as_whole
 from workbench.core.hf_config import fill_defaults, load_hf_config, spec_from_hf_config
 from workbench.core.hf_families import FAMILIES as HF_FAMILIES
 from workbench.core.hf_families import HFFields, attention_dims
@@ -106,10 +107,11 @@ class ArchitectureConfig:
         positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                     "intermediate_size", "published_num_params")
         for field_name in positive + ("num_experts", "moe_intermediate_size", "max_position_embeddings"):
-            value = getattr(self, field_name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if field_name in positive else 0):
+            value = as_whole(getattr(self, field_name))
+            if value is None or value < (1 if field_name in positive else 0):
                 kind = "a positive" if field_name in positive else "a non-negative"
-                raise ValueError(f"ArchitectureConfig.{field_name} must be {kind} int, got {value!r}.")
+                raise ValueError(f"ArchitectureConfig.{field_name} must be {kind} int, got {getattr(self, field_name)!r}.")
+            object.__setattr__(self, field_name, value)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ArchitectureConfig.num_kv_heads ({self.num_kv_heads}) must divide "
                              f"num_heads ({self.num_heads}).")

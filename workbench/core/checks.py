@@ -39,15 +39,32 @@ MAX_NUM_ARRAYS = 2**18
 MAX_NUM_PARAMS = 10**15
 
 
-def integer(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
-    """``value`` as an ``int`` if it is an integer (Python or NumPy, not bool) within ``[low, high]``.
+def as_whole(value: object, *, magnitude: bool = False) -> int | None:
+    """The one rule for whole numbers, as an ``int``, or None where ``value`` is not one.
+
+    A count (ranks, shards, steps, layers, a dimension) is a Python or NumPy integer, never a bool or a
+    float: ``np.int64(8)`` is 8, ``8.0`` is refused (a float there is a slip). A ``magnitude`` (bytes, a
+    parameter count) may also be written as a finite float with an integral value: ``32e6``, ``1e9``.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, Integral):
+        return int(value)
+    if magnitude and isinstance(value, Real) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def integer(name: str, value: object, *, low: int | None = None, high: int | None = None,
+            magnitude: bool = False) -> int:
+    """``value`` as an ``int`` if it is a whole number (:func:`as_whole`) within ``[low, high]``.
 
     Raises:
         ValueError: naming ``name``, the value, and the allowed range.
     """
-    ok = isinstance(value, Integral) and not isinstance(value, bool)
-    if ok and (low is None or value >= low) and (high is None or value <= high):
-        return int(value)
+    whole = as_whole(value, magnitude=magnitude)
+    if whole is not None and (low is None or whole >= low) and (high is None or whole <= high):
+        return whole
     bounds = " and ".join(part for part in (f">= {low}" if low is not None else "",
                                             f"<= {high:,}" if high is not None else "") if part)
     raise ValueError(f"{name} must be an integer{' ' + bounds if bounds else ''}, got {value!r}.")
@@ -59,10 +76,9 @@ def byte_count(name: str, value: object) -> int:
     Raises:
         ValueError: naming ``name`` and suggesting the form to use.
     """
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and float(value).is_integer():
-        return int(value)
+    whole = as_whole(value, magnitude=True)
+    if whole is not None:
+        return whole
     raise ValueError(f"{name} must be a whole number of bytes (e.g. 32 * MiB = {32 * MiB}), got {value!r}.")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from workbench.core.checks import MAX_CONFIG_SIZE, MAX_NUM_ARRAYS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BoundedList, shown
+from workbench.core.checks import MAX_CONFIG_SIZE, as_whole, MAX_NUM_ARRAYS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BoundedList, shown
 
 __all__ = ["HFFields", "Rows", "attention_dims", "glu", "linear", "norm"]
 
@@ -65,10 +65,11 @@ class HFFields:
                 raise self.error(key, "is required and absent (or null).")
             return default  # type: ignore[return-value]
         maximum = _BOUNDS.get(key, MAX_CONFIG_SIZE)
-        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        whole = as_whole(value)
+        if whole is None or not minimum <= whole <= maximum:
             raise self.error(key, f"must be an integer from {minimum} to {maximum:,}, got {shown(value)}.")
-        self.counts[key] = value
-        return value
+        self.counts[key] = whole
+        return whole
 
     def indices(self, key: str) -> frozenset[int]:
         """A list of layer indices (empty when absent or null), checked once; a ValueError if it is not one."""

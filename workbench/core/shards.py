@@ -28,7 +28,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from workbench.core.buckets import BucketPlan
-from workbench.core.checks import MAX_NUM_SHARDS, integer
+from workbench.core.checks import MAX_NUM_SHARDS, as_whole, integer
 
 LAYOUTS = ("row", "flat", "greedy")
 
@@ -162,8 +162,9 @@ class ShardPlan:
             rank: 0 <= rank < N.
             bucket: Only this bucket's pieces (default: every bucket).
         """
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.num_shards:
+        if as_whole(rank) is None or not 0 <= as_whole(rank) < self.num_shards:
             raise ValueError(f"rank {rank!r} is not an integer in range for num_shards={self.num_shards}.")
+        rank = as_whole(rank)
         bp = self.buckets
         if bucket is None:
             lo, hi = 0, len(bp.order)

@@ -17,6 +17,8 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from workbench.core.checks import as_whole
+
 #: Bytes per element of every dtype the workbench knows, by canonical name.
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8,
@@ -91,9 +93,9 @@ class ParamSpec:
         # int() would turn 2.7 into 2, True into 1 and the string "12" into (1, 2): refuse instead.
         dims = self.shape
         if isinstance(dims, (str, bytes)) or not isinstance(dims, (Sequence, np.ndarray)) or any(
-                isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims):
+                as_whole(d) is None for d in dims):
             raise ValueError(f"Parameter '{self.path}' has a shape that is not a sequence of ints: {self.shape!r}.")
-        shape = tuple(int(d) for d in dims)
+        shape = tuple(as_whole(d) for d in dims)
         if any(d < 0 for d in shape):
             raise ValueError(f"Parameter '{self.path}' has a negative dimension in shape {shape}.")
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype, self.path))

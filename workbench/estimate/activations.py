@@ -5,11 +5,9 @@ largest FSDP unit of a transformer.
 from __future__ import annotations
 
 from workbench.core.architecture import is_expert_param, layer_index
+from workbench.core.checks import integer
 from workbench.core.resolve import ModelArg, resolve_architecture
 from workbench.core.specs import ModelSpec
-from workbench.estimate.knobs import (
-    count_knob,
-)
 
 
 def largest_unit_params(spec: ModelSpec, *, experts: bool = True) -> int:
@@ -49,8 +47,8 @@ def estimate_activation_bytes(*, seq_len: int, micro_batch_size: int, hidden_siz
     h = hidden_size if hidden_size is not None else getattr(config, "hidden_size", None)
     a = num_heads if num_heads is not None else getattr(config, "num_heads", None)
     n_layers = num_layers if num_layers is not None else getattr(config, "num_layers", None)
-    s, b = count_knob("seq_len", seq_len), count_knob("micro_batch_size", micro_batch_size)
-    h, a, n_layers = (count_knob(k, v, 1) if v is not None else None
+    s, b = integer("seq_len", seq_len, low=0), integer("micro_batch_size", micro_batch_size, low=0)
+    h, a, n_layers = (integer(k, v, low=1) if v is not None else None
                       for k, v in (("hidden_size", h), ("num_heads", a), ("num_layers", n_layers)))
     if None in (h, a, n_layers):
         raise ValueError("hidden_size, num_heads and num_layers must be given, or a config.")

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from workbench.core.buckets import plan_buckets
+from workbench.core.checks import as_whole, integer
 from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import KiB
@@ -113,14 +114,13 @@ def predict_sync_curve(spec: ModelSpec, num_shards: int, links: Mapping, *, size
         raise ValueError(f"Unknown strategy {strategy!r}; the advisor prices {', '.join(ADVISED_STRATEGIES)}.")
     record = get_strategy(strategy)
     layout = record.layout or layout  # fsdp-row and fsdp-flat name their layout
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}.")
+    num_shards = integer("num_shards", num_shards, low=1)
     if not per_bucket_s >= 0 or not base_s >= 0:
         raise ValueError(f"per_bucket_s and base_s must be >= 0, got {per_bucket_s!r} and {base_s!r}.")
     sizes = default_sizes(spec) if sizes is None else tuple(sizes)
-    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s <= 0]
-    if not sizes or bad:
+    if not sizes or any(as_whole(s) is None or as_whole(s) <= 0 for s in sizes):
         raise ValueError(f"sizes must be positive integers (bytes), got {list(sizes)!r}.")
+    sizes = tuple(as_whole(s) for s in sizes)
     by_kind = _links_by_kind(links, framework)
     curve = []
     for size in sorted(set(sizes)):

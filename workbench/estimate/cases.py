@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.core.checks import integer
 from workbench.estimate.breakdown import COMPONENTS, MemoryEstimate
 from workbench.estimate.knobs import count_knob
 from workbench.estimate.memory import estimate_memory
@@ -101,7 +102,7 @@ def compare_estimators(psi: int, num_shards: int, *, stage: int = 2,
         ValueError: on a negative ``psi`` or ``largest_layer_params``, ``num_shards < 1``, or a
             ``stage`` other than 2 or 3 (DeepSpeed has no stage-1 estimator).
     """
-    psi, n = count_knob("psi", psi), count_knob("num_shards", num_shards, 1)
+    psi, n = count_knob("psi", psi), integer("num_shards", num_shards, low=1)
     big = count_knob("largest_layer_params", largest_layer_params)
     if stage not in (2, 3):
         raise ValueError(f"stage must be 2 or 3 (DeepSpeed estimates only those), got {stage!r}.")

@@ -7,14 +7,11 @@ resolves the rest (a default ``param_dtype`` from the spec, the expert parameter
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, fields
 from typing import Mapping
 
-import numpy as np
-
 from workbench.core.buckets import BucketPlan
+from workbench.core.checks import integer
 from workbench.core.shards import ShardPlan
 from workbench.core.specs import DTYPE_BYTES, canonical_dtype
 from workbench.strategies import NAMES, Strategy, get_strategy, strategies
@@ -29,12 +26,9 @@ UNIT_BUFFERS = ("parameters_and_gradients", "mlx")
 
 
 def count_knob(knob: str, value: object, minimum: int = 0) -> int:
-    """``value`` as an int, if it is a whole number >= ``minimum`` (Python or NumPy integers, or whole floats
-    such as ``1e9``); else a ValueError naming ``knob``."""
-    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, float))
-            or not math.isfinite(value) or value != int(value) or value < minimum):
-        raise ValueError(f"{knob} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
+    """``value`` as an int >= ``minimum``, a magnitude by the one rule (:func:`workbench.core.checks.as_whole`):
+    bytes and parameter counts may be written ``1e9``; counts of ranks or micro-batches use ``integer``."""
+    return integer(knob, value, low=minimum, magnitude=True)
 
 
 def dtype_bytes(knob: str, dtype: object) -> int:
@@ -85,21 +79,21 @@ class MemoryKnobs:
         _choice("optimizer", self.optimizer, OPTIMIZER_NUM_STATES)
         _choice("update_copies", self.update_copies, UPDATE_COPIES)
         _choice("unit_buffers", self.unit_buffers, UNIT_BUFFERS)
-        n, r = count_knob("num_shards", self.num_shards, 1), count_knob("num_replicas", self.num_replicas, 1)
+        n, r = integer("num_shards", self.num_shards, low=1), integer("num_replicas", self.num_replicas, low=1)
         if not self.record.replicas and r != 1:
             raise ValueError(f"num_replicas={r} applies to a replicated strategy "
                              f"({', '.join(s.name for s in strategies() if s.replicas)}) only; got strategy "
                              f"{self.strategy!r}.")
-        if self.world_size is not None and count_knob("world_size", self.world_size, 1) != n * r:
+        if self.world_size is not None and integer("world_size", self.world_size, low=1) != n * r:
             raise ValueError(f"num_shards ({n}) * num_replicas ({r}) = {n * r} must equal world_size "
                              f"({self.world_size}).")
         count_knob("activation_bytes", self.activation_bytes)
-        count_knob("num_microbatches", self.num_microbatches, 1)
+        integer("num_microbatches", self.num_microbatches, low=1)
         for name in ("defer_sync", "reshard_after_forward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
         if self.expert_parallel is not None:
-            count_knob("expert_parallel", self.expert_parallel, 1)
+            integer("expert_parallel", self.expert_parallel, low=1)
         for name in ("param_dtype", "grad_dtype", "master_dtype", "grad_accum_dtype"):
             if getattr(self, name) is not None:
                 dtype_bytes(name, getattr(self, name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from workbench.core.checks import as_whole
 from workbench.core.presets import PRESETS, get_preset, is_expert_param
 from workbench.core.specs import ModelSpec
 
@@ -38,12 +39,10 @@ def check_expert_parallel(degrees: Sequence[int | None], num_experts: int) -> tu
     if not degrees:
         raise ValueError("expert_parallel_degrees: need at least one policy (None, or an EP degree k >= 1).")
     for k in degrees:
-        if k is None:
-            continue
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or num_experts % k:
+        if k is not None and (as_whole(k) is None or as_whole(k) < 1 or num_experts % as_whole(k)):
             raise ValueError(f"expert_parallel={k!r} must be None or an integer k >= 1 that divides the "
                              f"{num_experts} experts per block (each EP rank holds whole experts).")
-    return degrees
+    return tuple(None if k is None else as_whole(k) for k in degrees)
 
 
 def expert_params(spec: ModelSpec) -> int:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from workbench.core.checks import as_whole
 from workbench.core.events import emit
 from workbench.launch.engines import EngineFailure
 from workbench.launch.remote import describe_hosts, runner_for
@@ -42,18 +43,20 @@ def benchmark_spec(framework: str, num_ranks: int, sizes_bytes: Sequence[int] = 
     """The record spec of one benchmark (validated: the error names the field)."""
     if framework not in ("mlx", "jax"):
         raise ValueError(f"framework={framework!r}: choose 'mlx' or 'jax'.")
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 2:
+    if as_whole(num_ranks) is None or as_whole(num_ranks) < 2:
         raise ValueError(f"num_ranks={num_ranks!r}: a collective needs an integer >= 2 ranks.")
+    num_ranks = as_whole(num_ranks)
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise ValueError(f"kinds={list(kinds)!r}: choose from {', '.join(KINDS)}.")
     quantum = 4 * num_ranks  # fp32 elements that split evenly over the ranks
     for s in sizes_bytes:
-        if isinstance(s, bool) or not isinstance(s, int) or s < quantum or s % quantum:
+        if as_whole(s) is None or s < quantum or s % quantum:
             raise ValueError(f"sizes_bytes has {s!r}: each size must be a positive multiple of {quantum} bytes "
                              f"(fp32 elements divisible by {num_ranks} ranks).")
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+    if as_whole(iters) is None or iters < 1:
         raise ValueError(f"iters={iters!r}: must be an integer >= 1.")
+    iters = as_whole(iters)
     return {"kind": "collectives", "framework": framework, "num_ranks": num_ranks,
             "sizes_bytes": [int(s) for s in sizes_bytes], "kinds": list(kinds), "iters": iters, "dtype": "float32"}
 

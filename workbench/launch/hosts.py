@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.adapters.jax.distributed import GLOO_HOST_ENV
-from workbench.core.checks import read_user_text
+from workbench.core.checks import as_whole, read_user_text
 from workbench.launch.host_values import NAME, PYTHON, USER, check_address, check_controller_ip, check_text
 from workbench.launch.plan import LaunchPlan, plan_launch, thread_env
 
@@ -77,9 +77,10 @@ class Host:
         check_address(self.address, "Host.address")
         where = f" (host {self.address})"
         for key, low, high in (("slots", 1, 4096), ("port", 1, 65535)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"Host.{key}={value!r}{where}: must be an integer in {low}..{high}")
+            value = as_whole(getattr(self, key))
+            if value is None or not low <= value <= high:
+                raise ValueError(f"Host.{key}={getattr(self, key)!r}{where}: must be an integer in {low}..{high}")
+            object.__setattr__(self, key, value)
         if self.user is not None:
             check_text(self.user, "Host.user", pattern=USER, where=where)
         check_text(self.python, "Host.python", pattern=PYTHON, where=where)

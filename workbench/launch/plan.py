@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.core.checks import integer
+
 #: Backends per framework; the first is the default on CPU.
 BACKENDS = {"mlx": ("ring", "mpi", "nccl"), "jax": ("gloo", "default")}
 
@@ -133,8 +135,7 @@ def plan_launch(
         ValueError: naming the field: ``num_ranks < 1``, an unknown framework or backend,
             or the wrong number of ports.
     """
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
-        raise ValueError(f"num_ranks must be an integer >= 1, got {num_ranks!r}.")
+    num_ranks = integer("num_ranks", num_ranks, low=1)
     if framework not in BACKENDS:
         raise ValueError(f"Unknown framework {framework!r}; choose one of {', '.join(BACKENDS)}.")
     backend = backend or BACKENDS[framework][0]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.core.checks import integer
 from workbench.core.specs import ModelSpec
 
 __all__ = ["LMConfig", "RMS_NORM_EPS", "init_lm_params", "lm_param_shapes", "num_params"]
@@ -64,9 +65,7 @@ class LMConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "dim", "num_layers", "num_heads", "mlp_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}.")
+            object.__setattr__(self, name, integer(f"LMConfig.{name}", getattr(self, name), low=1))
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"LMConfig.tie_embeddings must be a bool, got {self.tie_embeddings!r}.")
         if self.dim % self.num_heads:

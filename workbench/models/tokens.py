@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.core.checks import integer
 from workbench.models.data import rank_slice
 
 __all__ = ["LLMC_HEADERS", "TokenFile", "check_batch_tokens", "load_token_file", "sample_batch", "sample_rank_batch"]
@@ -183,8 +184,7 @@ def _check_raw_dtype(path: Path, tokens: np.ndarray, vocab_size: int | None) -> 
 
 def _check_range(path: Path, tokens: np.ndarray, vocab_size: int | None) -> None:
     """Raise naming ``path`` and the first index whose token is negative or ``>= vocab_size``."""
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
-        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}.")
+    vocab_size = None if vocab_size is None else integer("vocab_size", vocab_size, low=1)
     if vocab_size is None and tokens.dtype.kind == "u":
         return
     for start in range(0, len(tokens), _CHECK_CHUNK):
@@ -209,8 +209,7 @@ def _starts(num_tokens: int, where: str, step: int, global_batch: int, seq_len: 
     """The window starts of one global batch: ``default_rng([seed, step])`` draws ``global_batch`` offsets."""
     for name, value, lo in (("step", step, 0), ("global_batch", global_batch, 1), ("seq_len", seq_len, 1),
                             ("seed", seed, 0)):
-        if isinstance(value, bool) or int(value) != value or value < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}.")
+        integer(name, value, low=lo)
     window = int(seq_len) + 1
     if num_tokens < window:
         raise ValueError(f"{where}: holds {num_tokens} tokens, fewer than one window of seq_len + 1 = {window}.")

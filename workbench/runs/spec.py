@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from workbench.core.buckets import plan_buckets
+from workbench.core.checks import as_whole
 from workbench.core.fully_shard_plan import check_fully_shard
 from workbench.core.shards import plan_shards
 from workbench.core.units import MiB
@@ -98,10 +99,13 @@ class RunSpec:
             get_strategy(self.strategy, framework=self.framework)
         except ValueError as err:
             raise bad("strategy", str(err)) from None
-        for name in ("num_ranks", "steps", "global_batch", "num_microbatches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise bad(name, "must be an integer >= 1")
+        for name, low in (("num_ranks", 1), ("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
+                          ("init_seed", 0), ("data_seed", 0), ("communication_size", None)):
+            # The one rule (core.checks.as_whole): NumPy integers count; only bytes may be written 32e6.
+            whole = as_whole(getattr(self, name), magnitude=name == "communication_size")
+            if whole is None or (low is not None and whole < low):
+                raise bad(name, "must be an integer" + (f" >= {low}" if low is not None else ""))
+            object.__setattr__(self, name, whole)
         if self.global_batch % self.num_ranks:
             raise bad("global_batch", f"must be divisible by num_ranks={self.num_ranks} (each rank takes an equal slice)")
         if self.global_batch % (self.num_ranks * self.num_microbatches):
@@ -132,10 +136,6 @@ class RunSpec:
         real("max_norm", 0, strict=True, optional=True)
         real("weight_decay", 0, strict=False)
         real("concentration", 0, strict=True)
-        for name in ("init_seed", "data_seed", "communication_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or (name != "communication_size" and value < 0):
-                raise bad(name, "must be an integer" + ("" if name == "communication_size" else " >= 0"))
         if self._check_user_inputs():  # the shards of a user's model are checked by the driver, which builds it
             return
         config = self.config  # validates the model fields, naming them

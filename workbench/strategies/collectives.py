@@ -8,7 +8,7 @@ Pure: standard library and NumPy only.
 
 from __future__ import annotations
 
-import numpy as np
+from workbench.core.checks import integer
 
 #: The collectives of a data-parallel step, in the order a step issues them (sync, then gather); the key
 #: every count, benchmark and table of collectives uses.
@@ -18,10 +18,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
 def count_of_ranks(knob: str, value: object) -> int:
-    """``value`` as a rank count >= 1 (Python or NumPy integer); else a ValueError naming ``knob``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{knob} must be an integer >= 1, got {value!r}.")
-    return int(value)
+    """``value`` as a rank count >= 1, by the one rule for counts (:func:`workbench.core.checks.integer`)."""
+    return integer(knob, value, low=1)
 
 
 def bus_factor(kind: str, num_ranks: int) -> float:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from workbench.core.specs import ModelSpec
+from workbench.core.checks import integer
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
 from workbench.estimate.moe import (
@@ -226,8 +227,7 @@ def moe_accumulation_table(preset_name: str, num_shards: int, num_microbatches: 
     """
     import pandas as pd
 
-    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 2:
-        raise ValueError(f"num_microbatches must be an integer >= 2 to compare the modes, got {num_microbatches!r}.")
+    num_microbatches = integer("num_microbatches", num_microbatches, low=2)  # G = 1 has no modes to compare
     spec, num_experts = moe_preset(preset_name)
     rows = []
     for k in check_expert_parallel(expert_parallel_degrees, num_experts):

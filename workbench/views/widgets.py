@@ -16,6 +16,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.core.buckets import POLICIES, BucketPlan, plan_buckets
+from workbench.core.checks import integer
 from workbench.core.shards import LAYOUTS, ShardPlan, plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
@@ -78,13 +79,9 @@ class LayoutExplorer(widgets.VBox):
             raise ValueError(f"Unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}.")
         if policy not in POLICIES:
             raise ValueError(f"Unknown bucket policy {policy!r}; known policies: {', '.join(POLICIES)}.")
-        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-            raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}.")
-        if isinstance(communication_size, bool) or not isinstance(communication_size, int) or communication_size < 0:
-            raise ValueError(f"communication_size must be an integer number of bytes >= 0, got {communication_size!r}.")
-        for name, value in (("bucket", bucket), ("rank", rank)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
+        num_shards = integer("num_shards", num_shards, low=1)
+        communication_size = integer("communication_size (bytes)", communication_size, low=0)
+        bucket, rank = integer("bucket", bucket, low=0), integer("rank", rank, low=0)
         super().__init__()
         self.add_class("workbench-layout-explorer")  # for browser tests and user CSS
         from workbench.core import presets

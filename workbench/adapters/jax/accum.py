@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workbench.core.checks import integer
 from workbench.strategies import COLLECTIVE_KINDS
 
 KINDS = COLLECTIVE_KINDS  # (workbench.strategies)
@@ -40,9 +41,7 @@ KINDS = COLLECTIVE_KINDS  # (workbench.strategies)
 
 def check_accum(num_microbatches: int, defer_sync: bool) -> None:
     """Raise ``ValueError`` naming ``num_microbatches`` or ``defer_sync`` if it is invalid."""
-    g = num_microbatches
-    if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
-        raise ValueError(f"num_microbatches must be an integer >= 1, got {num_microbatches!r}.")
+    integer("num_microbatches", num_microbatches, low=1)
     if not isinstance(defer_sync, (bool, np.bool_)):
         raise ValueError(f"defer_sync must be True or False, got {defer_sync!r}.")
 

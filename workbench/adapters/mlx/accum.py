@@ -41,14 +41,14 @@ from workbench.adapters.mlx.transport import (
     resolve_transport,
     ring_transport,
 )
+from workbench.core.checks import integer
 from workbench.core.units import MiB
 from workbench.strategies import get_strategy
 
 
 def check_microbatches(num_microbatches: int, defer_sync: bool, max_norm: float | None) -> None:
     """Raise ``ValueError`` naming the knob if ``num_microbatches``, ``defer_sync`` or ``max_norm`` is invalid."""
-    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
-        raise ValueError(f"num_microbatches must be an integer >= 1, got {num_microbatches!r}.")
+    integer("num_microbatches", num_microbatches, low=1)
     if not isinstance(defer_sync, bool):
         raise ValueError(f"defer_sync must be True or False, got {defer_sync!r}.")
     if max_norm is not None and not max_norm > 0:

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from workbench.core.checks import as_whole
+
 REDUCE_SCATTER_TRANSPORTS = ("auto", "sum_scatter", "ring", "send_recv", "all_sum")
 
 
@@ -59,8 +61,9 @@ def make_hsdp_groups(fsdp_size: int, world: mx.distributed.Group | None = None):
     """
     world = world or mx.distributed.init()
     n, r = world.size(), world.rank()
-    if isinstance(fsdp_size, bool) or not isinstance(fsdp_size, int) or fsdp_size < 1 or n % fsdp_size:
+    if as_whole(fsdp_size) is None or as_whole(fsdp_size) < 1 or n % as_whole(fsdp_size):
         raise ValueError(f"fsdp_size must be a positive divisor of the world size {n}, got {fsdp_size!r}.")
+    fsdp_size = as_whole(fsdp_size)
     try:
         fsdp = world.split(r // fsdp_size, r % fsdp_size)
         dp = world.split(r % fsdp_size, r // fsdp_size)
