@@ -159,9 +159,11 @@ def part_fidelity(group, spy) -> dict:
         fs = run_fully_shard(model, lm_loss, lm_batches, group, optim.SGD(0.5), spy, max_norm=1.0)
         out[f"lm_{dtype}"] = {"ddp": ddp, "fully_shard": fs}
     trainer = FullyShardTrainer(build(SMALL), optim.SGD(0.5), group, max_norm=1.0, num_microbatches=2)
-    res = {"losses": [], "norms": []}
+    res = {"losses": [], "norms": [], "counts": []}
+    spy.take()
     for x, y in lm_batches:  # against lm_float32's DDP: 2 micro-batches of the same batches
         loss, norm = trainer.step(lm_loss, x, y)
+        res["counts"].append(spy.take())  # the step's collectives, micro-batches, clipping and update
         res["losses"].append(loss.item())
         res["norms"].append(norm.item())
     out["trainer"] = {**res, "report": trainer.report, "params": flat(trainer.full_parameters())}

@@ -22,10 +22,12 @@ from workbench.core.presets import get_preset
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB
 from workbench.launch.plan import LaunchError, plan_launch, run_local
+from workbench.strategies import StepShape, get_strategy
 
 RANKS = Path(__file__).parent / "ranks_fully_shard.py"
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 MLX_ERROR = {"ring": "[ring] sum_scatter not supported.", "mpi": "[mpi] sum_scatter not yet implemented."}
+STEPS = 2  # the rank program's steps per case
 LM_PARAMS = 5328  # the rank program's SMALL LM: 2 blocks of 2080 + 1168 in the root
 MLP_PARAMS = 20_576  # examples.tiny_mlp_lm
 
@@ -303,6 +305,33 @@ def test_collectives_and_optimizer_state_follow_the_plan(ranks):
         assert f["lm_float32"]["fully_shard"]["state_elems"] * n == LM_PARAMS  # SGD's v: this rank's 1/N
         assert f["lm_adamw"]["fully_shard"]["state_elems"] * n == 2 * LM_PARAMS  # AdamW's m and v
         assert f["user_factory"]["fully_shard"]["state_elems"] * n == MLP_PARAMS
+
+
+def spied(counts: dict[str, int], n: int) -> dict[str, int]:
+    """The record's collectives as the spy sees them on ring and MPI ranks: a gather is an ``all_gather``; a
+    reduce-scatter, supplied by the workbench ring, one ``all_gather`` exchange at 2 ranks, else N - 1 send and
+    recv_like hops (transport.ring_reduce_scatter); the norm's all-reduce an ``all_sum``."""
+    gathers, scatters, sums = counts["all_gather"], counts["reduce_scatter"], counts["all_reduce"]
+    out = {"all_gather": gathers + scatters} if n == 2 else \
+        {"all_gather": gathers, "send": (n - 1) * scatters, "recv_like": (n - 1) * scatters}
+    return {**out, **({"all_sum": sums} if sums else {})}
+
+
+def test_the_records_collectives_are_those_fully_shard_issues(ranks):
+    """strategies.fully_shard's step_collectives against the spy: every unit gathered once per micro-batch and kept
+    to backward (never gathered again), reduce-scattered once per micro-batch; G = 1 in the user's loop, G = 2
+    micro-batches (each syncing) in FullyShardTrainer; the norm's all-reduce with clipping."""
+    record = get_strategy("mlx-fully-shard")
+    for rank in ranks:
+        n, f = rank["size"], rank["fidelity"]
+        for case, plan, clip in (("lm_float32", "plan_lm", True), ("lm_adamw", "plan_lm", False),
+                                 ("user_factory", "plan_mlp", False)):
+            shape = StepShape(num_ranks=n, sync_bytes=(1.0,) * f[plan]["num_units"], reduces_norm=clip)
+            assert f[case]["fully_shard"]["counts"] == [spied(record.collective_counts(shape), n)] * STEPS, case
+        shape = StepShape(num_ranks=n, sync_bytes=(1.0,) * f["plan_lm"]["num_units"], num_microbatches=2,
+                          defer_sync=False, reduces_norm=True)
+        assert record.collective_counts(shape)["all_gather"] == 2 * f["plan_lm"]["num_units"]
+        assert f["trainer"]["counts"] == [spied(record.collective_counts(shape), n)] * STEPS
 
 
 def test_zero3_gradients_equal_fully_shards(ranks):
