@@ -15,7 +15,7 @@ from workbench.views import plans as figures
 from workbench.views import shard_map, style
 from workbench.views.plans import fig_bucket_layout, fig_buckets_vs_size, fig_layout_metrics, fig_padding_vs_shards
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
-from workbench.views.style import param_kind
+from workbench.core.param_kinds import param_kind
 
 
 def llama70b_like() -> ModelSpec:

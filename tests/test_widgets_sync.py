@@ -15,7 +15,9 @@ from test_widgets import figure_json, medium_spec
 from workbench import MiB
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
-from workbench.views.style import PARAM_KINDS, TEMPLATE, sync_figure_widget
+from workbench.core.param_kinds import PARAM_KINDS
+from workbench.views.style import TEMPLATE
+from workbench.views.widget_sync import sync_figure_widget
 from workbench.views.widgets import build_layout_explorer
 
 SENDS = ("_send_addTraces_msg", "_send_deleteTraces_msg", "_send_update_msg", "_send_relayout_msg",

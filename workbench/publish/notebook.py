@@ -114,9 +114,11 @@ def reader_json(value, digits: int = FIGURE_DIGITS):
     """
     import numpy as np
 
+    from workbench.views.widget_sync import decode_typed_array
+
     if isinstance(value, dict):
         if "bdata" in value and "dtype" in value:  # plotly's typed array: base64 of the raw bytes
-            return reader_json(_decode_typed_array(value), digits)
+            return reader_json(decode_typed_array(value), digits)
         return {str(k): reader_json(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [reader_json(v, digits) for v in value]
@@ -131,19 +133,6 @@ def reader_json(value, digits: int = FIGURE_DIGITS):
     import plotly.io as pio  # anything else (dates, decimals): plotly's own encoder, then the same rounding
 
     return reader_json(json.loads(pio.to_json(value, validate=False)), digits)
-
-
-def _decode_typed_array(spec: dict):
-    """The array a plotly typed-array spec (``{"dtype": "f8", "bdata": ..., "shape": "2, 3"}``) holds."""
-    import base64
-
-    import numpy as np
-
-    array = np.frombuffer(base64.b64decode(spec["bdata"]), dtype=np.dtype(spec["dtype"]))
-    shape = spec.get("shape")
-    if shape:
-        array = array.reshape([int(n) for n in str(shape).split(",")])
-    return array
 
 
 def _reader_json_renderer():

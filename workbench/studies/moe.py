@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from workbench.core.specs import ModelSpec
 from workbench.core.checks import integer
+from workbench.core.param_kinds import param_kind
+from workbench.core.specs import ModelSpec
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
 from workbench.estimate.moe import (
@@ -38,7 +39,7 @@ from workbench.estimate.moe import (
     policy_label,
 )
 from workbench.strategies import get_strategy
-from workbench.views.style import KIND_COLORS, param_kind
+from workbench.views.style import KIND_COLORS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,7 +102,7 @@ def moe_memory_table(preset_name: str, num_shards: int,
 
 def moe_rank_layout(preset_name: str, num_shards: int, expert_parallel: int | None = 1, *,
                     strategy: str = "zero3", **knobs) -> "pd.DataFrame":
-    """What one rank holds, by parameter kind (:func:`~workbench.views.style.param_kind`), under one policy.
+    """What one rank holds, by parameter kind (:func:`~workbench.core.param_kinds.param_kind`), under one policy.
 
     Every rank holds the same bytes (FSDP shards evenly; each EP rank holds the same number of
     experts), so this is any rank. Each kind's model states are

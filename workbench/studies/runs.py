@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.strategies import get_strategy
-from workbench.views.style import TEMPLATE, coincide_note, separate_coinciding
+from workbench.views.style import TEMPLATE, coincide_note, coinciding, separate_coinciding
 
 #: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
 LABEL_FIELDS = ("spec.framework", "spec.strategy")
@@ -101,20 +101,6 @@ DIFF_FLOOR = 1e-12
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
-def _coinciding(curves: dict[str, list[float]]) -> list[list[str]]:
-    """Groups of two or more labels whose curves are equal to 1e-6 of the loss at every step."""
-    groups: list[list[str]] = []
-    for label, y in curves.items():
-        for group in groups:
-            ref = curves[group[0]]
-            if len(ref) == len(y) and all(abs(a - b) <= 1e-6 * max(abs(a), 1.0) for a, b in zip(ref, y)):
-                group.append(label)
-                break
-        else:
-            groups.append([label])
-    return [g for g in groups if len(g) > 1]
-
-
 def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 420) -> go.Figure:
     """Global loss against step, one line per run, with the data's entropy floor dashed.
 
@@ -125,7 +111,7 @@ def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 42
     runs, curves = loaded.runs, loss_curves(loaded)
     ordered = list(runs.sort_values(["spec.framework", "spec.strategy"]).iterrows())
     ys = {run_label(run): curves[curves.run_id == run.run_id].loss.tolist() for _, run in ordered}
-    groups = _coinciding(ys)
+    groups = coinciding(ys, rtol=1e-6, floor=1.0)  # equal to 1e-6 of the loss (or of 1 nat) at every step
     note = "; ".join(f"{len(g)} runs coincide ({', '.join(g)})" for g in groups) or "no two runs coincide"
     fig = go.Figure(layout=dict(template=TEMPLATE, height=height, yaxis_title="loss (nats per token)",
                                 xaxis=dict(title="step", tick0=0, dtick=max(1, -(-int(curves.step.max() if len(curves) else 1)

@@ -17,7 +17,8 @@ from workbench.views.memory import (
     fig_memory_breakdown,
     powers_between,
 )
-from workbench.views.style import TEMPLATE, sync_figure_widget
+from workbench.views.style import TEMPLATE
+from workbench.views.widget_sync import sync_figure_widget
 from workbench.views.widgets import FIGURE_WIDTH
 
 if TYPE_CHECKING:

@@ -21,15 +21,15 @@ import plotly.graph_objects as go
 
 from workbench.core.buckets import BucketPlan, plan_buckets
 from workbench.core.shards import ShardPlan, plan_shards
+from workbench.core.param_kinds import PARAM_KINDS, param_kind
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
 from workbench.views.style import (
     KIND_COLORS,
     LAYOUT_COLORS,
-    PARAM_KINDS,
     SERIES_COLORS,
+    coincide,
     figure,
-    param_kind,
     path_span,
     subplot_grid,
 )
@@ -235,7 +235,7 @@ def fig_buckets_vs_size(spec: ModelSpec, sizes_bytes: Iterable[int], policies: S
         name = bucket_plans[0].policy.name
         counts = tuple(p.num_buckets for p in bucket_plans)
         largest = tuple(float(p.bucket_bytes.max()) / MiB for p in bucket_plans)
-        same = [other for other, seen in drawn.items() if seen[0] == counts or np.allclose(seen[1], largest, rtol=0.1)]
+        same = [other for other, seen in drawn.items() if seen[0] == counts or coincide(seen[1], largest, rtol=0.1)]
         drawn[name] = (counts, largest)
         label = f"{name} (dashed, over {same[0]})" if same else name
         # Each policy its own dash and marker, so a line drawn on top of another leaves the first visible.
@@ -258,7 +258,7 @@ def fig_buckets_vs_size(spec: ModelSpec, sizes_bytes: Iterable[int], policies: S
     notes = []
     for what, k in (("bucket counts", 0), ("largest buckets", 1)):
         first, *rest = list(drawn.items()) or [("", ((), ()))]
-        same = [name for name, seen in rest if np.allclose(seen[k], first[1][k], rtol=0 if k == 0 else 0.1)]
+        same = [name for name, seen in rest if coincide(seen[k], first[1][k], rtol=0 if k == 0 else 0.1)]
         if same:
             exact = all(seen[k] == first[1][k] for name, seen in rest if name in same)
             notes.append(f"{what} of {first[0]} and {', '.join(same)} {'coincide' if exact else 'nearly coincide'}")

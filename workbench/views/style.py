@@ -1,18 +1,19 @@
-"""The house style of every figure: template, colours, the kind of a parameter, and figure scaffolding.
+"""The house style of every figure: template, colours, figure scaffolding, and when lines coincide.
 
-Figure modules build traces and layouts as dicts and hand them to :func:`figure`; widgets swap a
-new figure into a live one with :func:`update_figure_widget`, or send only what changed with
-:func:`sync_figure_widget`.
+Figure modules build traces and layouts as dicts and hand them to :func:`figure`; widgets send a new
+figure to a live one with :mod:`workbench.views.widget_sync`; a parameter's kind is
+:func:`workbench.core.param_kinds.param_kind`.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import re
 from typing import Sequence
 
 import plotly.graph_objects as go
+
+from workbench.core.param_kinds import PARAM_KINDS
 
 #: Toolbar buttons that upload a figure; removed from every figure (template) and display (config).
 UPLOAD_BUTTONS = ("sendChartToCloud", "sendDataToCloud", "editInChartStudio")
@@ -43,11 +44,8 @@ TEMPLATE = go.layout.Template(
 )
 
 
-#: Colour of each parameter kind (see :func:`param_kind`).
-KIND_COLORS = {
-    "embedding": "#4C78A8", "attention": "#F58518", "mlp": "#54A24B",
-    "expert": "#B279A2", "norm": "#E45756", "other": "#9D755D",
-}
+#: Colour of each parameter kind (:data:`workbench.core.param_kinds.PARAM_KINDS`).
+KIND_COLORS = dict(zip(PARAM_KINDS, ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#9D755D")))
 
 
 #: Colours cycled over the arrays of a bucket in a shard map.
@@ -61,32 +59,6 @@ LAYOUT_COLORS = {"row": "#4C78A8", "flat": "#F58518", "greedy": "#54A24B"}
 
 
 SERIES_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756")
-
-
-_KIND_RULES = (
-    ("expert", re.compile(r"(^|\.)experts?\.")),
-    ("norm", re.compile(r"norm|(^|\.)ln_")),
-    ("embedding", re.compile(r"embed|(^|\.)(wte|wpe)\.|lm_head")),
-    ("attention", re.compile(r"attn|attention|(^|\.)[qkvo]_proj\.|(^|\.)w[qkvo]\.")),
-    ("mlp", re.compile(r"mlp|feed_forward|ffn|moe|(^|\.)(gate|up|down)_proj\.|(^|\.)(w[123]|c_fc|c_proj)\.")),
-)
-
-
-PARAM_KINDS = tuple(KIND_COLORS)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def param_kind(path: str) -> str:
-    """The kind of a parameter from its path: embedding, attention, mlp, expert, norm or other.
-
-    Routed experts win over everything (``...experts.3.w1.weight`` is ``"expert"``);
-    norms win over their block (``self_attn.q_norm.weight`` is ``"norm"``).
-    """
-    lowered = path.lower()
-    for kind, pattern in _KIND_RULES:
-        if pattern.search(lowered):
-            return kind
-    return "other"
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,22 +79,46 @@ def figure(traces: list[dict], layout: dict, title: str, height: int) -> go.Figu
     return go.Figure(dict(data=traces, layout={**base, **layout}), _validate=False)
 
 
-def _on_screen(values) -> tuple:
-    """Values as a line is drawn: to 3 significant digits (closer than that, two lines are one on screen)."""
-    return tuple(float(f"{v:.3g}") if isinstance(v, (int, float)) else v for v in values)
+def coincide(a: Sequence, b: Sequence, rtol: float, floor: float = 0.0) -> bool:
+    """The one rule for "these curves coincide": the same length, and at each point equal values, or numbers
+    within ``rtol`` of the larger magnitude (at least ``floor``). ``rtol=0`` asks for equality."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
+        if not (x == y or (numbers and abs(x - y) <= rtol * max(abs(x), abs(y), floor))):
+            return False
+    return True
+
+
+def coinciding(series: dict, rtol: float, floor: float = 0.0) -> list[list]:
+    """Groups of two or more keys of ``series`` whose values :func:`coincide` with the group's first."""
+    groups: list[list] = []
+    for key, values in series.items():
+        group = next((g for g in groups if coincide(series[g[0]], values, rtol, floor)), None)
+        if group is None:
+            groups.append([key])
+        else:
+            group.append(key)
+    return [g for g in groups if len(g) > 1]
+
+
+#: Two drawn lines are one on screen when they agree to about 3 significant digits.
+ON_SCREEN_RTOL = 1e-3
 
 
 def separate_coinciding(traces: list[dict]) -> list[list[str]]:
     """Groups of drawn line traces (dicts) that lie on each other: the same axes and the same points on
-    screen. Within a group each line is drawn narrower than the one before it, so every colour stays
-    visible; returns the groups' trace names, for a subtitle to say (issue 18: lines hid others unsaid)."""
-    groups: dict[tuple, list[dict]] = {}
-    for t in traces:
-        if t.get("type", "scatter") == "scatter" and "lines" in t.get("mode", "lines") and t.get("visible", True) is True:
-            key = (t.get("xaxis", "x"), t.get("yaxis", "y"), _on_screen(t.get("x", ())), _on_screen(t.get("y", ())))
-            groups.setdefault(key, []).append(t)
+    screen (:func:`coincide` at :data:`ON_SCREEN_RTOL`). Within a group each line is drawn narrower than the
+    one before it, so every colour stays visible; returns the groups' trace names, for a subtitle to say
+    (issue 18: lines hid others unsaid)."""
+    drawn = [t for t in traces if t.get("type", "scatter") == "scatter" and "lines" in t.get("mode", "lines")
+             and t.get("visible", True) is True]
+    points = {k: (t.get("xaxis", "x"), t.get("yaxis", "y"), *t.get("x", ()), "|", *t.get("y", ()))
+              for k, t in enumerate(drawn)}
     out = []
-    for group in (g for g in groups.values() if len(g) > 1):
+    for keys in coinciding(points, ON_SCREEN_RTOL):
+        group = [drawn[k] for k in keys]
         base = group[0].get("line", {}).get("width", 2)
         for k, t in enumerate(group):
             t["line"] = {**t.get("line", {}), "width": base + 2 * (len(group) - 1 - k)}
@@ -171,113 +167,6 @@ def hline(y: float, xref: str, yref: str, name: str, dash: str = "dot") -> dict:
     ref = "x domain" if xref == "x" else f"{xref} domain"
     return dict(type="line", name=name, xref=ref, x0=0, x1=1, yref=yref, y0=y, y1=y,
                 line=dict(color="#333333", width=1, dash=dash))
-
-
-def update_figure_widget(fw: go.FigureWidget, shown: dict, stale_keys: set[str]) -> None:
-    """Replace the traces and layout of ``fw`` by ``shown`` (figure JSON, as :func:`widget_json` gives).
-
-    ``stale_keys`` are the layout keys the previous figure set; those ``shown`` lacks are
-    cleared, since a layout update merges. The template is set once, when the widget
-    is made (every figure uses :data:`~workbench.views.style.TEMPLATE`).
-    """
-    # Each of these is one redraw in the browser: the layout goes to the emptied plot, so only adding
-    # the traces draws them (the other order drew every trace twice).
-    fw.data = []
-    fw.update_layout({**{key: None for key in stale_keys - set(shown["layout"])}, **shown["layout"]}, overwrite=True)
-    fw.add_traces(shown["data"])
-
-
-def _arrays(value):
-    """Figure JSON with plotly's typed arrays (``{"dtype", "bdata", "shape"}``, what ``to_plotly_json`` writes
-    for NumPy data) back as lists: set on a widget as they are, they would stay dicts in its traces. Not as
-    NumPy arrays: plotly.js then holds typed arrays, reports them back in its trace deltas as ``{"0": ..}``
-    objects, and plotly's handler of those raised in the kernel after every update (a traceback each)."""
-    import base64
-
-    import numpy as np
-
-    if isinstance(value, dict):
-        if "bdata" in value and "dtype" in value:
-            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-            shape = value.get("shape")
-            return (array.reshape([int(n) for n in str(shape).split(",")]) if shape else array).tolist()
-        return {key: _arrays(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_arrays(v) for v in value]
-    return value.tolist() if isinstance(value, np.ndarray) else value  # (object arrays stay arrays in that JSON)
-
-
-def _changed(old: dict, new: dict) -> dict:
-    """The top-level keys of ``new`` that differ from ``old``, and ``None`` for those ``new`` dropped."""
-    return {**{key: None for key in old.keys() - new.keys()},
-            **{key: value for key, value in new.items() if key not in old or old[key] != value}}
-
-
-def widget_json(fig: go.Figure) -> dict:
-    """What :func:`sync_figure_widget` compares: ``fig``'s JSON, arrays as arrays, without the template."""
-    new = _arrays(fig.to_plotly_json())
-    new["layout"].pop("template", None)  # set once, when the widget is made
-    return new
-
-
-#: A trace that draws nothing (nor in the legend): it holds a slot of its type in a widget (see :func:`_padded`).
-PLACEHOLDER = {"visible": False}
-
-
-def _runs(data: Sequence[dict]) -> list[tuple[str, int]]:
-    """The trace types of ``data`` as runs: ``[("bar", 4), ("scatter", 1)]``."""
-    runs: list[tuple[str, int]] = []
-    for trace in data:
-        kind = trace.get("type", "scatter")
-        if runs and runs[-1][0] == kind:
-            runs[-1] = (kind, runs[-1][1] + 1)
-        else:
-            runs.append((kind, 1))
-    return runs
-
-
-def _padded(new: list[dict], slots: Sequence[tuple[str, int]]) -> list[dict]:
-    """``new`` with hidden :data:`PLACEHOLDER` traces at the end of each run of one trace type, so that each
-    run is as long as in ``slots`` (runs as :func:`_runs` gives them; when both have the same runs of types):
-    a widget's traces keep their types and one ``Plotly.update`` draws the new figure (a model with one more
-    parameter kind replaced every trace, three redraws). A longer run of ``new`` stays as it is."""
-    runs = _runs(new)
-    if [kind for kind, _ in runs] != [kind for kind, _ in slots]:
-        return new
-    out, start = [], 0
-    for (kind, count), (_, wanted) in zip(runs, slots):
-        out += new[start:start + count] + [{"type": kind, **PLACEHOLDER} for _ in range(wanted - count)]
-        start += count
-    return out
-
-
-def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None,
-                       slots: Sequence[tuple[str, int]] = ()) -> dict:
-    """Make ``fw`` show ``fig``, sending only what differs from ``shown`` (what the last call put there).
-
-    The same traces (count and types): the changed top-level properties of each trace and of the
-    layout go in one ``Plotly.update`` (one redraw in the browser, where replacing every trace cost
-    three: delete, add, relayout). Runs of one trace type shorter than ``fw``'s are padded with hidden
-    traces (:func:`_padded`), so another model's figure is an update too. An unchanged figure sends
-    nothing. Otherwise, as :func:`update_figure_widget`. Returns what ``fw`` now shows, for the next call.
-    ``slots``: the runs of trace types (``[("bar", 9), ("scatter", 2)]``) a first draw reserves, so that even
-    the first figure with more traces of a kind is an update.
-    """
-    new = widget_json(fig)
-    new["data"] = _padded(new["data"], _runs(shown["data"]) if shown else slots)
-    if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in new["data"]]:
-        update_figure_widget(fw, new, set(shown["layout"]) if shown else set())
-        return new
-    edits = [_changed(old, trace) for old, trace in zip(shown["data"], new["data"])]
-    layout = _changed(shown["layout"], new["layout"])
-    if any(edits) or layout:
-        with fw.batch_update():
-            for trace, edit in zip(fw.data, edits):
-                if edit:
-                    trace.update(edit, overwrite=True)
-            if layout:
-                fw.update_layout(layout, overwrite=True)
-    return new
 
 
 def path_span(paths: Sequence[str]) -> str:

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from workbench.core.buckets import POLICIES, BucketPlan, plan_buckets
 from workbench.core.checks import integer
+from workbench.core.param_kinds import PARAM_KINDS
 from workbench.core.shards import LAYOUTS, ShardPlan, plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
@@ -24,7 +25,8 @@ from workbench.estimate.comm import AlphaBeta, estimate_comm
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
-from workbench.views.style import PARAM_KINDS, TEMPLATE, sync_figure_widget
+from workbench.views.style import TEMPLATE
+from workbench.views.widget_sync import sync_figure_widget
 from workbench.views.tables import layout_metrics_html
 
 #: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
@@ -33,7 +35,7 @@ COMMUNICATION_SIZES = (0,) + tuple(2**k * MiB for k in range(9))
 NUM_SHARDS = tuple(2**k for k in range(11))
 #: The FigureWidgets of an explorer, by name.
 FIGURES = ("bucket_layout", "shard_map", "rank_load")
-#: Trace slots a figure widget reserves on its first draw (see :func:`~workbench.views.style.sync_figure_widget`):
+#: Trace slots a figure widget reserves on its first draw (see :func:`~workbench.views.widget_sync.sync_figure_widget`):
 #: the bucket layout has a bar trace per parameter kind present and up to two line/marker traces, so another
 #: model is one ``Plotly.update`` rather than a replacement of every trace (three redraws).
 SLOTS = {"bucket_layout": (("bar", len(PARAM_KINDS)), ("scatter", 2))}

@@ -1,0 +1,123 @@
+"""A live figure widget shown a new figure: sending only what changed, or swapping traces and layout.
+
+:func:`sync_figure_widget` compares figure JSON (:func:`widget_json`, typed arrays decoded by
+:func:`decode_typed_array`) with what the widget shows and sends one ``Plotly.update``; otherwise
+:func:`update_figure_widget` replaces everything.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+
+def decode_typed_array(spec: dict) -> np.ndarray:
+    """The array a plotly typed-array spec (``{"dtype": "f8", "bdata": ..., "shape": "2, 3"}``) holds: what
+    ``to_plotly_json`` writes for NumPy data."""
+    array = np.frombuffer(base64.b64decode(spec["bdata"]), dtype=np.dtype(spec["dtype"]))
+    shape = spec.get("shape")
+    return array.reshape([int(n) for n in str(shape).split(",")]) if shape else array
+
+
+def update_figure_widget(fw: go.FigureWidget, shown: dict, stale_keys: set[str]) -> None:
+    """Replace the traces and layout of ``fw`` by ``shown`` (figure JSON, as :func:`widget_json` gives).
+
+    ``stale_keys`` are the layout keys the previous figure set; those ``shown`` lacks are
+    cleared, since a layout update merges. The template is set once, when the widget
+    is made (every figure uses :data:`workbench.views.style.TEMPLATE`).
+    """
+    # Each of these is one redraw in the browser: the layout goes to the emptied plot, so only adding
+    # the traces draws them (the other order drew every trace twice).
+    fw.data = []
+    fw.update_layout({**{key: None for key in stale_keys - set(shown["layout"])}, **shown["layout"]}, overwrite=True)
+    fw.add_traces(shown["data"])
+
+
+def _arrays(value):
+    """Figure JSON with plotly's typed arrays (``{"dtype", "bdata", "shape"}``, what ``to_plotly_json`` writes
+    for NumPy data) back as lists: set on a widget as they are, they would stay dicts in its traces. Not as
+    NumPy arrays: plotly.js then holds typed arrays, reports them back in its trace deltas as ``{"0": ..}``
+    objects, and plotly's handler of those raised in the kernel after every update (a traceback each)."""
+    if isinstance(value, dict):
+        if "bdata" in value and "dtype" in value:
+            return decode_typed_array(value).tolist()
+        return {key: _arrays(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_arrays(v) for v in value]
+    return value.tolist() if isinstance(value, np.ndarray) else value  # (object arrays stay arrays in that JSON)
+
+
+def _changed(old: dict, new: dict) -> dict:
+    """The top-level keys of ``new`` that differ from ``old``, and ``None`` for those ``new`` dropped."""
+    return {**{key: None for key in old.keys() - new.keys()},
+            **{key: value for key, value in new.items() if key not in old or old[key] != value}}
+
+
+def widget_json(fig: go.Figure) -> dict:
+    """What :func:`sync_figure_widget` compares: ``fig``'s JSON, arrays as arrays, without the template."""
+    new = _arrays(fig.to_plotly_json())
+    new["layout"].pop("template", None)  # set once, when the widget is made
+    return new
+
+
+#: A trace that draws nothing (nor in the legend): it holds a slot of its type in a widget (see :func:`_padded`).
+PLACEHOLDER = {"visible": False}
+
+
+def _runs(data: Sequence[dict]) -> list[tuple[str, int]]:
+    """The trace types of ``data`` as runs: ``[("bar", 4), ("scatter", 1)]``."""
+    runs: list[tuple[str, int]] = []
+    for trace in data:
+        kind = trace.get("type", "scatter")
+        if runs and runs[-1][0] == kind:
+            runs[-1] = (kind, runs[-1][1] + 1)
+        else:
+            runs.append((kind, 1))
+    return runs
+
+
+def _padded(new: list[dict], slots: Sequence[tuple[str, int]]) -> list[dict]:
+    """``new`` with hidden :data:`PLACEHOLDER` traces at the end of each run of one trace type, so that each
+    run is as long as in ``slots`` (runs as :func:`_runs` gives them; when both have the same runs of types):
+    a widget's traces keep their types and one ``Plotly.update`` draws the new figure (a model with one more
+    parameter kind replaced every trace, three redraws). A longer run of ``new`` stays as it is."""
+    runs = _runs(new)
+    if [kind for kind, _ in runs] != [kind for kind, _ in slots]:
+        return new
+    out, start = [], 0
+    for (kind, count), (_, wanted) in zip(runs, slots):
+        out += new[start:start + count] + [{"type": kind, **PLACEHOLDER} for _ in range(wanted - count)]
+        start += count
+    return out
+
+
+def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None,
+                       slots: Sequence[tuple[str, int]] = ()) -> dict:
+    """Make ``fw`` show ``fig``, sending only what differs from ``shown`` (what the last call put there).
+
+    The same traces (count and types): the changed top-level properties of each trace and of the
+    layout go in one ``Plotly.update`` (one redraw in the browser, where replacing every trace cost
+    three: delete, add, relayout). Runs of one trace type shorter than ``fw``'s are padded with hidden
+    traces (:func:`_padded`), so another model's figure is an update too. An unchanged figure sends
+    nothing. Otherwise, as :func:`update_figure_widget`. Returns what ``fw`` now shows, for the next call.
+    ``slots``: the runs of trace types (``[("bar", 9), ("scatter", 2)]``) a first draw reserves, so that even
+    the first figure with more traces of a kind is an update.
+    """
+    new = widget_json(fig)
+    new["data"] = _padded(new["data"], _runs(shown["data"]) if shown else slots)
+    if shown is None or [t.get("type") for t in shown["data"]] != [t.get("type") for t in new["data"]]:
+        update_figure_widget(fw, new, set(shown["layout"]) if shown else set())
+        return new
+    edits = [_changed(old, trace) for old, trace in zip(shown["data"], new["data"])]
+    layout = _changed(shown["layout"], new["layout"])
+    if any(edits) or layout:
+        with fw.batch_update():
+            for trace, edit in zip(fw.data, edits):
+                if edit:
+                    trace.update(edit, overwrite=True)
+            if layout:
+                fw.update_layout(layout, overwrite=True)
+    return new
