@@ -351,3 +351,20 @@ def test_the_public_api_imports_from_the_package_and_loads_frameworks_lazily():
         import workbench
 
         workbench.nope
+
+
+def test_every_registered_implementation_names_a_builder_that_exists():
+    """A record names its adapter's builder as 'module:attribute'; a moved builder must not leave it dangling.
+    Found by name only (the module's source), so no framework is imported here."""
+    import workbench.strategies as registry
+
+    trees = {name: tree for name, _, tree in modules()}
+    missing = []
+    for record in registry.strategies():
+        for impl in record.implementations:
+            module, _, attribute = impl.builder.partition(":")
+            defined = {n.name for n in ast.walk(trees.get(module, ast.Module(body=[], type_ignores=[])))
+                       if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            if attribute not in defined:
+                missing.append(f"{record.name} ({impl.framework}): {impl.builder}")
+    assert not missing, f"builders that do not exist: {missing}"

@@ -28,8 +28,9 @@ def test_the_record_runs_in_mlx_through_the_fully_shard_trainer():
     module, _, name = impl.builder.partition(":")
     assert getattr(importlib.import_module(module), name) is FullyShardTrainer  # what the ranks build
     assert impl.sync_per == "unit"
-    # The trainer all-sums the squared norm of its shards only when max_norm is set (clip_grad_norm_sharded).
-    assert impl.reduces_norm(True) and not impl.reduces_norm(False)
+    # The trainer all-sums the squared norm of its shards when max_norm is set (clip_grad_norm_sharded), and a
+    # run always sets it (train_mlx passes max_norm=inf to record the norm): a run's step always issues it.
+    assert impl.norm == "always" and impl.reduces_norm(False) and not impl.defers_sync
 
 
 def test_run_spec_accepts_it_on_mlx_and_refuses_it_on_jax_naming_what_jax_runs():
@@ -44,9 +45,9 @@ def test_run_spec_accepts_it_on_mlx_and_refuses_it_on_jax_naming_what_jax_runs()
 def test_run_spec_refuses_a_deferred_sync_it_cannot_do_naming_the_field():
     """FullyShardTrainer reduce-scatters every unit in every micro-batch's backward (fully_shard's VJP) and
     refuses defer_sync; the spec says so before any engine starts. One micro-batch syncs once either way."""
-    with pytest.raises(ValueError, match=r"RunSpec.defer_sync=True: strategy 'mlx-fully-shard' is MLX's fully_shard, "
-                                         r"whose backward reduce-scatters every unit .* cannot defer the sync to the "
-                                         r"last of num_microbatches=2; pass defer_sync=False"):
+    with pytest.raises(ValueError, match=r"RunSpec.defer_sync=True: strategy 'mlx-fully-shard' syncs in every "
+                                         r"micro-batch's backward \(MLX's fully_shard reduce-scatters every unit .* "
+                                         r"cannot defer the sync to the last of num_microbatches=2; pass defer_sync=False"):
         spec(num_microbatches=2)
     assert spec(num_microbatches=1, defer_sync=True).defer_sync is True
     assert RunSpec(strategy="fsdp-full", num_microbatches=2, global_batch=8, model=TINY).defer_sync  # ZeRO-3 can

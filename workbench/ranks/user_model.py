@@ -27,9 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workbench.core.buckets import plan_buckets
 from workbench.core.fingerprint import RanksDisagree, plan_fingerprint, weights_digest
-from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec, spec_from_flat
 from workbench.ranks.model_vocab import check_model_vocab
 from workbench.runs.factory import add_import_paths, data_sha256, resolve_factory
@@ -266,10 +264,8 @@ def check_user_run(spec, build: Callable[[Any], ModelSpec] | None = None) -> Mod
     if spec.model_factory is None:
         return None
     model = (build or user_model_spec)(spec)
-    layout = get_strategy(spec.strategy).layout
-    if layout is not None:
-        try:
-            plan_shards(plan_buckets(model, spec.communication_size), spec.num_ranks, layout)
-        except ValueError as err:
-            raise ValueError(f"RunSpec.strategy={spec.strategy!r}: {err}") from None
+    try:  # before any engine starts: the strategy's shards must tile the user's model
+        get_strategy(spec.strategy).check_model(model, spec.num_ranks, spec.communication_size)
+    except ValueError as err:
+        raise ValueError(f"RunSpec.strategy={spec.strategy!r}: {err}") from None
     return model

@@ -9,10 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from workbench.core.buckets import plan_buckets
 from workbench.core.checks import as_whole
-from workbench.core.fully_shard_plan import check_fully_shard
-from workbench.core.shards import plan_shards
 from workbench.core.units import MiB
 from workbench.runs.factory import check_data_file, data_sha256, resolve_factory, source_sha256
 from workbench.models.init import LMConfig, lm_model_spec
@@ -116,10 +113,10 @@ class RunSpec:
         if self.num_microbatches == 1:  # one micro-batch syncs once either way: one run, one id
             object.__setattr__(self, "defer_sync", True)
         record = get_strategy(self.strategy)
-        if self.defer_sync and self.num_microbatches > 1 and record.family == "fully_shard":
-            raise bad("defer_sync", f"strategy {self.strategy!r} is MLX's fully_shard, whose backward reduce-scatters "
-                                    "every unit (its custom VJP): it cannot defer the sync to the last of "
-                                    f"num_microbatches={self.num_microbatches}; pass defer_sync=False")
+        if self.defer_sync and self.num_microbatches > 1 and not record.implementation(self.framework).defers_sync:
+            raise bad("defer_sync", f"strategy {self.strategy!r} syncs in every micro-batch's backward (MLX's "
+                                    "fully_shard reduce-scatters every unit in its custom VJP): it cannot defer the sync "
+                                    f"to the last of num_microbatches={self.num_microbatches}; pass defer_sync=False")
         if self.optimizer not in ("sgd", "adamw"):
             raise bad("optimizer", "choose 'sgd' or 'adamw'")
         if self.precision not in ("float32", "bfloat16"):
@@ -139,19 +136,10 @@ class RunSpec:
         if self._check_user_inputs():  # the shards of a user's model are checked by the driver, which builds it
             return
         config = self.config  # validates the model fields, naming them
-        if record.family == "fully_shard":  # MLX's own rule: axis 0 of every parameter divisible by N
-            refused = check_fully_shard(lm_model_spec(config, self.precision), self.num_ranks)
-            if refused:
-                more = f" And {len(refused) - 4} more (workbench.core.fully_shard_plan.check_fully_shard lists all)."
-                raise bad("strategy", f"fully_shard over num_ranks={self.num_ranks} would refuse {len(refused)} "
-                                      "parameter(s) of the model: " + " ".join(r.message for r in refused[:4])
-                                      + (more if len(refused) > 4 else ""))
-        elif record.layout is not None:  # FSDP layouts, and ZeRO-3's per-array rows, must tile every array
-            spec = lm_model_spec(config, self.precision)
-            try:
-                plan_shards(plan_buckets(spec, self.communication_size), self.num_ranks, record.layout)
-            except ValueError as err:
-                raise bad("strategy", str(err)) from None
+        try:  # the strategy's shards must tile the model (FSDP layouts, ZeRO-3's rows, fully_shard's axis 0)
+            record.check_model(lm_model_spec(config, self.precision), self.num_ranks, self.communication_size)
+        except ValueError as err:
+            raise bad("strategy", str(err)) from None
 
     def _check_user_inputs(self) -> bool:
         """Validate ``model_factory``, ``model_source_sha256``, ``data``, ``data_dtype``, ``data_sha256``; True for

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
+from workbench.core.buckets import plan_buckets
+from workbench.core.fully_shard_plan import check_fully_shard
+from workbench.core.shards import plan_shards
+from workbench.core.specs import ModelSpec
 from workbench.strategies.collectives import bus_factor, count_of_ranks
 
 #: Strategy families: all-reduce everything (``data_parallel``); shard the optimizer side and sync by
@@ -46,9 +50,12 @@ class Implementation:
         builder: ``"module:attribute"`` of the adapter's step or trainer builder, imported by the ranks.
         sync_per: ``"bucket"`` (one sync collective per bucket of ``communication_size``), ``"array"``
             (one per parameter array: JAX's DDP) or ``"unit"`` (one per gathered unit).
-        norm: When the step all-reduces the squared norm of its gradient shards (:data:`NORM_POLICIES`).
+        norm: When a run's step all-reduces the squared norm of its gradient shards (:data:`NORM_POLICIES`;
+            MLX runs always ask for the norm, to record it).
         unit_buffers: What a resharded unit holds in backward, for the memory model
             (``"parameters_and_gradients"``, or ``"mlx"``: MLX's gathered bucket and its rebuilt copies).
+        defers_sync: With G > 1 micro-batches, the step can sync once, after the last (False: every
+            micro-batch's backward syncs, as ``fully_shard``'s custom VJP does).
     """
 
     framework: str
@@ -56,6 +63,7 @@ class Implementation:
     sync_per: str = "bucket"
     norm: str = "never"
     unit_buffers: str = "parameters_and_gradients"
+    defers_sync: bool = True
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_POLICIES or self.sync_per not in ("bucket", "array", "unit"):
@@ -130,6 +138,8 @@ class Strategy:
             backward (False keeps them to backward: more memory, fewer gathers).
         replicas: Shards within a group and replicates across groups (HSDP).
         greedy: May assign whole arrays to ranks (a greedy shard plan: all-reduce, then broadcast).
+        splits_axis0: Each parameter is split along its axis 0, which N must divide (``fully_shard``'s rule);
+            else the buckets are cut in :attr:`layout` (:func:`workbench.core.shards.plan_shards`).
         implementations: The frameworks that run it; none for a strategy only modelled.
     """
 
@@ -142,6 +152,7 @@ class Strategy:
     reshard_after_forward: bool = True
     replicas: bool = False
     greedy: bool = False
+    splits_axis0: bool = False
     implementations: tuple[Implementation, ...] = ()
 
     def __post_init__(self) -> None:
@@ -172,6 +183,19 @@ class Strategy:
         raise ValueError(f"strategy {self.name!r} has no {framework!r} implementation (it runs in: "
                          f"{', '.join(self.frameworks) or 'none, it is modelled only'}); {framework} runs: "
                          f"{', '.join(runs)}.")
+
+    def check_model(self, spec: ModelSpec, num_ranks: int, communication_size: int) -> None:
+        """Raise a ValueError naming what of ``spec`` this strategy cannot split over ``num_ranks`` (nothing for
+        a strategy that keeps parameters and optimizer state whole)."""
+        if self.splits_axis0:
+            refused = check_fully_shard(spec, num_ranks)
+            if refused:
+                more = f" And {len(refused) - 4} more (workbench.core.fully_shard_plan.check_fully_shard lists all)."
+                raise ValueError(f"fully_shard over num_ranks={num_ranks} would refuse {len(refused)} parameter(s) "
+                                 "of the model: " + " ".join(r.message for r in refused[:4])
+                                 + (more if len(refused) > 4 else ""))
+        elif self.layout is not None:
+            plan_shards(plan_buckets(spec, communication_size), num_ranks, self.layout)
 
     def step_collectives(self, shape: StepShape) -> tuple[Collective, ...]:
         """The collectives one rank joins in one optimizer step, in issue order, by kind.

@@ -10,7 +10,7 @@ transformer block, then the root, wrapped by ``fully_shard`` itself; the ``sum_s
 lack supplied by the workbench's CPU reduce-scatter for the run. Every micro-batch's backward
 reduce-scatters every unit (the VJP cannot be put off), so a run cannot defer the sync
 (``RunSpec.defer_sync`` must be False with ``num_microbatches`` > 1); the gradient norm is one
-``all_sum`` (``clip_grad_norm_sharded``), issued when ``max_norm`` is set (a run always sets it).
+``all_sum`` (``clip_grad_norm_sharded``), issued when ``max_norm`` is set: a run always sets it, so always.
 """
 
 from workbench.strategies.base import Implementation, Sharded, Strategy, register
@@ -19,8 +19,8 @@ FULLY_SHARD = register(Strategy(
     name="mlx-fully-shard", family="fully_shard",
     summary="MLX's fully_shard: each wrapped module gathered in forward, kept to backward, grads sum-scattered",
     sharded=Sharded(parameters=True, gradients=True, optimizer=True), layout="row", units="modules",
-    reshard_after_forward=False,
+    reshard_after_forward=False, splits_axis0=True,
     implementations=(
         Implementation(framework="mlx", builder="workbench.adapters.mlx.fully_shard_trainer:FullyShardTrainer",
-                       sync_per="unit", norm="max_norm"),
+                       sync_per="unit", norm="always", defers_sync=False),
     )))

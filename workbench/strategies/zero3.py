@@ -19,7 +19,7 @@ FSDP_FULL = register(Strategy(
     name="fsdp-full", family="zero_3", summary="full sharding (ZeRO-3), one unit per transformer block plus the root",
     sharded=_ALL, layout="row", units="modules",
     implementations=(
-        Implementation(framework="mlx", builder="workbench.adapters.mlx.accum:make_zero3_trainer", sync_per="unit",
+        Implementation(framework="mlx", builder="workbench.adapters.mlx.zero3_trainer:make_zero3_trainer", sync_per="unit",
                        norm="always", unit_buffers="mlx"),
         Implementation(framework="jax", builder="workbench.adapters.jax.zero3:make_zero3_step", sync_per="unit",
                        norm="max_norm"),

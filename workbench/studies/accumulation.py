@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 from workbench.core.buckets import plan_buckets
+from workbench.core.fully_shard_plan import ROOT, plan_fully_shard
 from workbench.models.init import LMConfig
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
 from workbench.strategies import COLLECTIVE_KINDS, StepShape, get_strategy, strategies
@@ -67,19 +68,21 @@ def _fields(spec: Any) -> dict:
 
 
 def _units(fields: Mapping[str, Any]) -> list[tuple[int, bool]]:
-    """``fsdp-full``'s units in forward order: (bytes, gathered again in backward). MLX wraps each
-    block and the root (embeddings, final norm, head; it runs last and is not freed before its
-    backward: :func:`~workbench.adapters.mlx.zero3.shard_model`'s default units); JAX chains
-    :func:`~workbench.ranks.train_jax.lm_units` and its program rematerialises every unit's gather in
-    backward (``jax.checkpoint`` per unit; XLA on CPU then merges the repeated gathers, which the
-    runs' ``compiled_collectives`` show)."""
-    nbytes = {p.path: p.nbytes for p in run_model_spec(fields)}
-    config = LMConfig(**fields["model"])
+    """A unit-gathering strategy's units in forward order: (bytes, gathered again in backward). MLX (the
+    workbench's ZeRO-3 and ``fully_shard`` alike) wraps each block and then the root (embeddings, final
+    norm, head: :func:`~workbench.core.fully_shard_plan.plan_fully_shard`'s units), and a block is gathered
+    again in backward where the record reshards after forward (the root runs last and is not freed before
+    its backward); JAX chains :func:`~workbench.ranks.train_jax.lm_units` and its program rematerialises
+    every unit's gather in backward (``jax.checkpoint`` per unit; XLA on CPU then merges the repeated
+    gathers, which the runs' ``compiled_collectives`` show)."""
+    model, record = run_model_spec(fields), get_strategy(fields["strategy"])
     if fields["framework"] == "mlx":
-        block = [sum(b for path, b in nbytes.items() if path.startswith(f"layers.{i}.")) for i in range(config.num_layers)]
-        return [(b, True) for b in block] + [(sum(nbytes.values()) - sum(block), False)]
+        units = plan_fully_shard(model, fields["num_ranks"]).units
+        return [(u.param_bytes, record.reshard_after_forward and u.name != ROOT) for u in units]
     from workbench.ranks.train_jax import lm_units
 
+    nbytes = {p.path: p.nbytes for p in model}
+    config = LMConfig(**fields["model"])
     return [(sum(nbytes[path] for path in paths), True) for paths in lm_units(config)[2]]
 
 
