@@ -21,8 +21,8 @@ STRATEGIES = NAMES  # every registered strategy can be estimated (workbench.stra
 OPTIMIZER_NUM_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 #: What a step copies instead of updating in place (``update_copies``).
 UPDATE_COPIES = ("none", "parameters", "parameters_and_state")
-#: What a resharded ZeRO-3 unit holds in its backward (``unit_buffers``).
-UNIT_BUFFERS = ("parameters_and_gradients", "mlx")
+#: What a ZeRO-3 unit's backward holds beside the states (``unit_buffers``; see estimate_memory).
+UNIT_BUFFERS = ("parameters_and_gradients", "mlx", "sum_scatter_ring")
 
 
 def count_knob(knob: str, value: object, minimum: int = 0) -> int:

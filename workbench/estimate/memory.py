@@ -115,7 +115,11 @@ def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp"
             copies ``rebuild_arrays`` cuts from it (``2 U pb``), the unit's full gradient (``U gb``), and the
             reduce-scatter's buffers (``U gb (1 + 2 / N)``: the N rows of the bucket as exchanged (the
             all-gather of the 2-rank ring, ``sum_scatter``'s stacked input), this rank's row concatenated,
-            and their sum). Measured on 2 MLX ring ranks: ``tests/test_mlx_zero3.py``.
+            and their sum). Measured on 2 MLX ring ranks: ``tests/test_mlx_zero3.py``. ``"sum_scatter_ring"``
+            (without resharding: MLX's ``fully_shard`` on ring or MPI, ``sum_scatter`` supplied by the workbench's
+            ring reduce-scatter): beside every gathered unit and the largest unit's gradient, the reduce-scatter's
+            buffers: ``U gb (1 + 1/N)`` at 2 ranks (the exchange's two rows and the sum), ``2 U gb / N`` above (the
+            ring's chunks in flight). Measured: ``tests/test_fully_shard_runs.py``.
 
     Raises:
         ValueError: on a negative size, ``num_shards < 1``, ``num_microbatches < 1``, a non-boolean
@@ -285,6 +289,13 @@ def _unit_row(k: MemoryKnobs, b: _Bytes, spec: ModelSpec | None, psi_d: int) -> 
     else:
         largest = largest_unit_params(spec, experts=k.expert_parallel is None) if spec is not None else 0
     if not k.reshard_after_forward:
+        if k.unit_buffers == "sum_scatter_ring":  # the workbench's ring reduce-scatter, supplied as sum_scatter
+            # 2 ranks: the other rank's row is all-gathered (both rows, U gb) and summed into this rank's (U gb / 2);
+            # more: the ring's two chunks in flight, sent and received (2 U gb / N).
+            rs = largest * gb + -(-largest * gb // n) if n == 2 else 2 * -(-largest * gb // n) if n > 2 else 0
+            return MemoryComponent("gathered_unit", psi_d * pb + largest * gb + rs,
+                                   unit_what + " + the ring reduce-scatter's buffers of the largest unit's gradient "
+                                   "(U gb (1 + 1/N) at 2 ranks, 2 U gb / N above)")
         return MemoryComponent("gathered_unit", psi_d * pb + largest * gb, unit_what)
     if k.unit_buffers == "mlx":  # gathered bucket + rebuild_arrays copies, full gradient, reduce-scatter buffers
         return MemoryComponent("gathered_unit", 2 * largest * pb + 2 * largest * gb + 2 * -(-largest * gb // n),

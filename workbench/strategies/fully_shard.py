@@ -22,5 +22,5 @@ FULLY_SHARD = register(Strategy(
     reshard_after_forward=False, splits_axis0=True,
     implementations=(
         Implementation(framework="mlx", builder="workbench.adapters.mlx.fully_shard_trainer:FullyShardTrainer",
-                       sync_per="unit", norm="always", defers_sync=False),
+                       sync_per="unit", norm="always", defers_sync=False, unit_buffers="sum_scatter_ring"),
     )))
