@@ -70,8 +70,9 @@ def test_run_spec_refuses_what_fully_shard_would_refuse_naming_the_parameters():
 
 def test_the_run_estimate_keeps_every_wrapped_unit_gathered_to_backward():
     """Units are the modules the trainer wraps (core.fully_shard_plan: each block, then the root): all their
-    weights from forward to backward, plus the largest unit's full gradient; activations of the whole model
-    (nothing recomputed). A run gathers in its precision: no compute_dtype copies."""
+    weights from forward to backward, plus the largest unit's full gradient and, at 2 ranks, the supplied ring
+    reduce-scatter's exchange of it (both rows and their sum, 1.5 x); activations of the whole model (nothing
+    recomputed). A run gathers in its precision: no compute_dtype copies."""
     for precision, nbytes in (("float32", 4), ("bfloat16", 2)):
         s = spec(precision=precision)
         est = estimate_run_memory(s)
@@ -79,7 +80,7 @@ def test_the_run_estimate_keeps_every_wrapped_unit_gathered_to_backward():
         plan = plan_fully_shard(model, 2)
         assert plan.wrap_order == ["layers.0", "layers.1", "root"]
         largest = max(u.num_params for u in plan.units)
-        assert est["gathered_unit"] == model.num_params * nbytes + largest * nbytes
+        assert est["gathered_unit"] == model.num_params * nbytes + largest * nbytes + largest * nbytes * 3 // 2
         assert est["parameters"] == est["gradients"] == model.num_params * nbytes // 2
         assert est["activations"] == estimate_run_activation_bytes(s.config, 4, precision, recompute=False)
         assert est["activations"] > estimate_run_memory(spec(strategy="fsdp-full", precision=precision))["activations"]
@@ -94,7 +95,8 @@ def test_the_run_estimate_takes_the_units_the_trainer_wraps_in_a_user_model():
     fields = {**spec().to_dict(), "model_factory": "examples.tiny_mlp_lm:mlx_factory",
               "model": {"vocab_size": 32, "seq_len": 16}}
     est = estimate_run_memory(fields, shapes)
-    assert est["gathered_unit"] == shapes.num_params * 4 + 64 * 8 * 4  # a stack's block (512): the largest unit
+    largest = 64 * 8 * 4  # a stack's block (512 parameters): the largest unit; 2 ranks: its exchange, 1.5 x
+    assert est["gathered_unit"] == shapes.num_params * 4 + largest + largest * 3 // 2
     assert plan_fully_shard(shapes, 2).wrap_order == ["enc.layers.0", "dec.layers.0", "root"]
 
 
