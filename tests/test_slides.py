@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.__main__ import main
+from workbench.core.fingerprint import file_sha256
 from workbench.publish import reveal, slides, static
 from workbench.runs.tables import load_runs
 from workbench.studies import design_review
@@ -59,7 +60,7 @@ def test_vendored_files_match_their_manifest_and_pinned_versions():
     manifest = slides.vendor_manifest()
     pins = json.loads((slides.VENDOR_DIR / "package.json").read_text())["dependencies"]
     for path, entry in manifest.items():
-        assert static.sha256_file(slides.VENDOR_DIR / path) == entry["sha256"], f"{path} differs from MANIFEST.json"
+        assert file_sha256(slides.VENDOR_DIR / path) == entry["sha256"], f"{path} differs from MANIFEST.json"
         name, _, version = entry["package"].rpartition("@")
         assert entry["package"] == "fsdp-workbench" or pins[name] == version, path
     assert {e["package"].rpartition("@")[0] for e in manifest.values()} - {""} == set(pins)

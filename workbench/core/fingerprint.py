@@ -10,6 +10,7 @@ on, the group size, ...) to 31 bits; one all-gather of those few integers (the f
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -107,3 +108,10 @@ def weights_digest(params: Iterable[tuple[str, np.ndarray]]) -> str:
         digest.update(f"{path}|{array.shape}|{array.dtype}|".encode())
         digest.update(array.reshape(-1).view(np.uint8))
     return digest.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 hex digest of a file's bytes, read in chunks (a token file may be larger than memory): the one
+    file digest of the workbench (a factory's source, a token file, a vendored asset)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

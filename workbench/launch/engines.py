@@ -226,7 +226,7 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         # progress bar under each run (issue 18); the run's own progress says what is happening.
         run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s, interactive=False)
         deadline = t0 + timeout_s
-        asks = {eid: run.client[eid].apply_async(_rank_host_pid) for eid in run.client.ids}
+        asks = {eid: run.client[eid].apply_async(rank_identity) for eid in run.client.ids}
         for eid, ask in asks.items():  # bounded: an engine that registers but never answers fails the start
             rank, host, pid = ask.get(timeout=max(1.0, deadline - time.monotonic()))
             run.rank_engine[rank] = eid
@@ -304,7 +304,8 @@ def run_on_fresh_ports(num_ranks: int, framework: str, body: Callable[[EngineRun
                 raise
 
 
-def _rank_host_pid() -> tuple[int, str, int]:
+def rank_identity() -> tuple[int, str, int]:
+    """Run on an engine: its rank, hostname and pid (what every launcher checks its engines by)."""
     import os
     import socket
 

@@ -31,6 +31,7 @@ from workbench.launch.engines import (
     EngineFailure,
     EngineRun,
     is_port_clash,
+    rank_identity,
     run_on_fresh_ports,
 )
 from workbench.launch.host_values import check_controller_ip, check_ssh_config_file
@@ -210,14 +211,6 @@ def _short(err: BaseException) -> str:
     if isinstance(out, bytes):
         text += " " + out.decode(errors="replace").strip()[-600:]
     return text
-
-
-def rank_identity() -> tuple[int, str, int]:
-    """Run on an engine: its rank, hostname and pid."""
-    import os
-    import socket
-
-    return int(os.environ["WORKBENCH_RANK"]), socket.gethostname(), os.getpid()
 
 
 #: Launches tried when a rank cannot bind its rendezvous port (ports on other hosts are drawn, not probed).

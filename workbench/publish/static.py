@@ -4,7 +4,6 @@ written atomically (:mod:`workbench.runs.atomic`, as every output of a build).
 
 from __future__ import annotations
 
-import hashlib
 import html
 import os
 import re
@@ -109,7 +108,3 @@ def export_pdf(deck_html: Path, pdf: Path | None = None, *, timeout_s: float = 1
         tmp.unlink(missing_ok=True)
         raise
     return replace_atomic(tmp, pdf)
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

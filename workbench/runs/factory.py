@@ -12,7 +12,6 @@ repository root (:func:`import_paths`), the same folders the driver puts on ever
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import re
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from workbench.core.fingerprint import file_sha256
 from workbench.core.paths import REPO_ROOT
 
 #: ``package.module:function``: dotted identifiers, one colon.
@@ -71,8 +71,8 @@ def resolve_factory(field: str, name: str) -> tuple[Callable, Path]:
 
 
 def source_sha256(path: Path) -> str:
-    """sha256 hex digest of a source file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """sha256 hex digest of a source file's bytes (:func:`workbench.core.fingerprint.file_sha256`)."""
+    return file_sha256(path)
 
 
 #: Digests already taken in this process, by the file's identity and state (see :func:`data_sha256`).
@@ -91,8 +91,7 @@ def data_sha256(path: str | os.PathLike) -> str:
     if key not in _DATA_DIGESTS:
         if len(_DATA_DIGESTS) >= 256:  # files of a long session: forget the old ones
             _DATA_DIGESTS.clear()
-        with open(path, "rb") as f:
-            _DATA_DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        _DATA_DIGESTS[key] = file_sha256(path)
     return _DATA_DIGESTS[key]
 
 
