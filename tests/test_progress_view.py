@@ -3,7 +3,8 @@
 from types import SimpleNamespace
 
 from workbench.runs.spec import RunSpec
-from workbench.views.progress import LiveProgress, SweepClock, SweepProgress
+from workbench.launch.sweep import SweepClock
+from workbench.views.progress import LiveProgress, SweepProgress
 
 
 def test_a_done_run_fills_its_bar_even_when_the_last_steps_came_after_the_last_poll(tmp_path):
@@ -29,9 +30,9 @@ def test_the_step_axis_has_whole_steps_only(tmp_path):
 def test_the_sweep_bar_counts_runs_and_pins_its_eta_until_done(tmp_path):
     sweep = SweepProgress(2)
     clock = SweepClock(2)
-    live = LiveProgress(RunSpec(num_ranks=2, steps=4, global_batch=8), tmp_path, redraw_s=0, clock=clock, sweep=sweep)
+    live = LiveProgress(RunSpec(num_ranks=2, steps=4, global_batch=8), tmp_path, redraw_s=0, sweep=sweep)
     clock.run_started()
-    live(1)
+    live(1, *clock.eta(1, 4))
     assert "0 of 2 runs done; now: " in sweep.status.value and "position:fixed" in sweep.pinned.value
     sweep.update(live.label, 90.0)
     assert "left" in sweep.status.value and "sweep: 0/2 runs done" in sweep.pinned.value

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from workbench.runs.store import RunStore, run_id_for
-from workbench.runs.sweep import sweep
 from workbench.runs.tables import load_runs
 
 SPEC = {"framework": "mlx", "strategy": "fsdp", "model": "tiny", "num_ranks": 2, "bucket_bytes": 2**20}
@@ -157,41 +156,6 @@ def test_fail_keeps_steps_and_names_the_rank(tmp_path):
     assert store.create(SPEC, META).record["attempt"] == 2
     with pytest.raises(ValueError, match="loss"):
         handle.append_steps([{"step": 0, "rank": 0}])
-
-
-class RankError(RuntimeError):
-    rank = 3
-
-
-def test_sweep_skips_done_specs_and_continues_after_a_failure(tmp_path):
-    store = RunStore(tmp_path)
-    specs = [{**SPEC, "num_ranks": n} for n in (1, 2, 4, 8)]
-    calls = []
-
-    def run_fn(spec, handle):
-        calls.append(spec["num_ranks"])
-        handle.append_steps(rows(range(2)))
-        if spec["num_ranks"] == 2:
-            raise RankError("out of memory")
-        if spec["num_ranks"] == 8:
-            handle.fail("diverged", rank=None)
-            return None
-        return {"final_loss": 0.1}
-
-    first = sweep(store, specs, run_fn, meta=META)
-    assert calls == [1, 2, 4, 8]
-    assert first.ran == (run_id_for(specs[0]), run_id_for(specs[2]))
-    assert first.skipped == ()
-    assert first.failed == ((run_id_for(specs[1]), "RankError: out of memory"), (run_id_for(specs[3]), "diverged"))
-
-    calls.clear()
-    second = sweep(store, specs, run_fn, meta=META)
-    assert calls == [2, 8]
-    assert second.skipped == first.ran and len(second.failed) == 2
-
-    runs = load_runs(tmp_path).runs.set_index("spec.num_ranks")
-    assert runs.loc[2, "failed_rank"] == 3 and runs.loc[2, "attempt"] == 2
-    assert runs.loc[1, "summary.final_loss"] == 0.1 and runs.loc[1, "backend"] == "ring"
 
 
 def _append_worker(root, run_id, rank, num_steps):

@@ -1,8 +1,9 @@
 """Live progress of runs in a notebook: a progress bar and a loss curve that grow as steps arrive.
 
-:func:`run_sweep` runs specs one after another through :func:`workbench.launch.driver.run_training`,
-each with a :class:`LiveProgress` display fed by the steps the ranks append to the run store.
-The display only reads and draws; the numbers come from the store.
+:func:`run_sweep` runs specs through the one sweep (:func:`workbench.launch.sweep.run_specs`: skip-done,
+progress events, ETA) and watches it: a :class:`SweepProgress` for the whole sweep, and a :class:`LiveProgress`
+per run fed by the steps the ranks append to the run store. The display only reads and draws; the numbers
+come from the store and the sweep's clock.
 """
 
 from __future__ import annotations
@@ -15,24 +16,27 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.core.events import emit, format_duration
-from workbench.core.units import format_bytes
-from workbench.launch.driver import RunOutcome, run_training
+from workbench.core.events import format_duration
+from workbench.launch.driver import RunOutcome
+from workbench.launch.sweep import all_done, run_specs, spec_label
 from workbench.runs.spec import RunSpec
-from workbench.runs.store import RunStore, run_id_for
+from workbench.runs.store import run_id_for
 from workbench.runs.tables import read_steps
 from workbench.views.style import TEMPLATE
 
+__all__ = ["LiveProgress", "SweepProgress", "all_done", "run_sweep"]  # all_done: notebooks import it from here
+
 
 class LiveProgress:
-    """A progress bar, a status line and a loss curve for one run; call it with the steps done."""
+    """A progress bar, a status line and a loss curve for one run; call it with the steps done (and the
+    run's and the sweep's seconds left, from the sweep's clock)."""
 
     def __init__(self, spec: RunSpec, runs_root: Path, *, floor_nats: float | None = None, redraw_s: float = 0.5,
-                 clock: "SweepClock | None" = None, sweep: "SweepProgress | None" = None):
+                 sweep: "SweepProgress | None" = None):
         self.spec, self.redraw_s, self.last_draw = spec, redraw_s, 0.0
         self.run_id = run_id_for(spec.to_dict())
         self.steps_path = Path(runs_root) / self.run_id / "steps.jsonl"
-        self.clock, self.sweep = clock or SweepClock(1), sweep
+        self.sweep = sweep
         self.eta: tuple[float | None, float | None] = (None, None)  # (run, sweep) seconds left
         self.label = spec_label(spec)
         label = f"{spec.framework} {spec.strategy}"
@@ -49,19 +53,15 @@ class LiveProgress:
             self.figure.add_hline(y=floor_nats, line_dash="dash", annotation_text="entropy floor")
         self.widget = widgets.VBox([widgets.HBox([self.bar, self.status]), self.figure])
 
-    def __call__(self, steps_done: int) -> None:
+    def __call__(self, steps_done: int, eta_run_s: float | None = None, eta_sweep_s: float | None = None) -> None:
         self.bar.value = min(steps_done, self.spec.steps)
+        self.eta = (eta_run_s, eta_sweep_s)
         now = time.monotonic()
         if now - self.last_draw >= self.redraw_s or steps_done >= self.spec.steps:
             self.last_draw = now
-            self.eta = eta_run, eta_sweep = self.clock.eta(steps_done, self.spec.steps)
             self.redraw()
             if self.sweep is not None:
-                self.sweep.update(self.label, eta_sweep)
-            if steps_done:
-                emit("run_steps", index=self.clock.index, runs=self.clock.num_runs,
-                     done=min(steps_done, self.spec.steps), steps=self.spec.steps, eta_run_s=eta_run,
-                     eta_sweep_s=eta_sweep)
+                self.sweep.update(self.label, eta_sweep_s)
 
     def redraw(self) -> None:
         rows = read_steps(self.steps_path) if self.steps_path.exists() else []
@@ -72,7 +72,7 @@ class LiveProgress:
             self.figure.data[0].x, self.figure.data[0].y = curve.index.tolist(), curve.tolist()
         eta_run, eta_sweep = self.eta
         eta = f", ~{format_duration(eta_run)} left" if eta_run is not None else ""
-        if eta_sweep is not None and self.clock.num_runs > 1:
+        if eta_sweep is not None and self.sweep is not None and self.sweep.num_runs > 1:
             eta += f" (sweep ~{format_duration(eta_sweep)})"
         self.status.value = f"step {int(curve.index.max()) + 1}/{self.spec.steps}, loss {curve.iloc[-1]:.4f}{eta}"
 
@@ -116,87 +116,33 @@ class SweepProgress:
             self.bar.bar_style, self.pinned.value = "success", ""
 
 
+class _Display:
+    """The sweep's watcher in a notebook: the sweep's bar, and each run's bar and curve as it starts."""
+
+    def __init__(self, num_runs: int, runs_root: Path, floor_nats: float | None, show):
+        self.sweep, self.runs_root, self.floor_nats, self.show = SweepProgress(num_runs), runs_root, floor_nats, show
+        self.live: LiveProgress | None = None
+        if show is not None:
+            show(self.sweep.widget)
+
+    def run_started(self, spec: RunSpec, label: str) -> LiveProgress:
+        self.live = LiveProgress(spec, self.runs_root, floor_nats=self.floor_nats, sweep=self.sweep)
+        if self.show is not None:
+            self.show(self.live.widget)
+        return self.live
+
+    def run_ended(self, outcome: RunOutcome) -> None:
+        self.live.finish(outcome)
+        self.sweep.run_finished()
+
+
 def run_sweep(specs: Iterable[RunSpec], runs_root: Path | str, *, display: bool = True,
               floor_nats: float | None = None, **run_kwargs) -> list[RunOutcome]:
-    """Run each spec (skipping those already stored and done), showing live progress when ``display``:
-    a :class:`SweepProgress` for the whole sweep, then a :class:`LiveProgress` per run."""
+    """Run each spec (skipping those already stored and done: :func:`workbench.launch.sweep.run_specs`), showing
+    live progress when ``display``: a :class:`SweepProgress` for the whole sweep, then a :class:`LiveProgress`
+    per run."""
     from IPython.display import display as show
 
     specs = list(specs)
-    clock = SweepClock(len(specs))
-    sweep = SweepProgress(len(specs))
-    if display:
-        show(sweep.widget)
-    outcomes = []
-    for spec in specs:
-        live = LiveProgress(spec, Path(runs_root), floor_nats=floor_nats, clock=clock, sweep=sweep)
-        if display:
-            show(live.widget)
-        clock.run_started()
-        if not RunStore(Path(runs_root)).is_done(spec.to_dict()):  # (a stored run is only reported as skipped)
-            emit("run_start", index=clock.index, runs=clock.num_runs, label=live.label, steps=spec.steps,
-                 run_id=live.run_id)
-        outcome = run_training(spec, runs_root, progress=live, **run_kwargs)
-        clock.run_ended(outcome.status, outcome.seconds)
-        emit("run_end", index=clock.index, runs=clock.num_runs, label=live.label, status=outcome.status,
-             seconds=outcome.seconds, error=outcome.error, run_id=outcome.run_id)
-        live.finish(outcome)
-        sweep.run_finished()
-        outcomes.append(outcome)
-    return outcomes
-
-
-def all_done(outcomes: Iterable[RunOutcome]) -> bool:
-    """Whether every run of a sweep is stored and done (trained now, or skipped as already done)."""
-    outcomes = list(outcomes)
-    return bool(outcomes) and all(o.status in ("done", "skipped") for o in outcomes)
-
-
-def spec_label(spec: RunSpec) -> str:
-    """A short name for a run in progress displays: framework, strategy and what sets it apart."""
-    parts = [spec.framework, spec.strategy]
-    if spec.precision != "float32":
-        parts.append(spec.precision)
-    parts.append(f"communication_size {format_bytes(spec.communication_size)}")
-    if spec.num_microbatches > 1:
-        parts.append(f"G={spec.num_microbatches} {'deferred' if spec.defer_sync else 'every micro-batch'}")
-    return " ".join(parts)
-
-
-class SweepClock:
-    """Time estimates for a sweep: the current run's remaining steps at its own pace, then the runs left
-    at the mean duration of the runs this sweep actually trained (skipped runs cost nothing)."""
-
-    def __init__(self, num_runs: int):
-        self.num_runs, self.index = num_runs, 0
-        self.trained_s: list[float] = []
-        self.run_t0 = self.first_step_t = None
-        self.first_step_done = 0
-
-    def run_started(self) -> None:
-        self.index += 1
-        self.run_t0, self.first_step_t, self.first_step_done = time.monotonic(), None, 0
-
-    def run_ended(self, status: str, seconds: float) -> None:
-        if status == "done":
-            self.trained_s.append(seconds)
-
-    def eta(self, done: int, steps: int) -> tuple[float | None, float | None]:
-        """Seconds left in this run and in the whole sweep (None until a pace is known)."""
-        now = time.monotonic()
-        if done >= 1 and self.first_step_t is None:
-            self.first_step_t, self.first_step_done = now, done
-        run_left = None
-        if self.first_step_t is not None and done > self.first_step_done:
-            pace = (now - self.first_step_t) / (done - self.first_step_done)
-            run_left = pace * max(0, steps - done)
-        elif done >= steps:
-            run_left = 0.0
-        runs_left = self.num_runs - self.index
-        if run_left is None:
-            return None, None
-        if self.trained_s:
-            per_run = sum(self.trained_s) / len(self.trained_s)
-        else:
-            per_run = (now - self.run_t0) + run_left if self.run_t0 is not None else None
-        return run_left, (run_left + runs_left * per_run if per_run is not None else None)
+    watcher = _Display(len(specs), Path(runs_root), floor_nats, show if display else None)
+    return run_specs(specs, runs_root, watcher=watcher, **run_kwargs)
