@@ -1,13 +1,14 @@
 """One process of the JAX step-time benchmark (driven by ``benchmarks/bench_fsdp_step.py --framework jax``).
 
     python -m workbench.ranks.jax_step_timing --out DIR [--hidden 2048] [--layers 6] [--steps 12]
-        [--strategies ddp,fsdp-row,fsdp-flat] [--communication-size BYTES]
+        [--strategies ddp,fsdp-row,fsdp-flat] [--communication-size BYTES] [--phases]
 
 The JAX twin of :mod:`workbench.ranks.mlx_step_timing`, on the same model size: an MLP
 (:mod:`workbench.models.jax_mlp`) of ``--layers`` square ``--hidden`` layers (25.2M parameters by
 default), fp32 AdamW, one CPU device per process, collectives over gloo (the launcher's
 ``WORKBENCH_*`` variables, :func:`workbench.ranks.jax_args.parse_rank_args`). Every strategy is a
-jitted step of :mod:`workbench.adapters.jax.fsdp` with its own parameters and optimizer state; each
+jitted step of :mod:`workbench.adapters.jax.fsdp` with its own parameters and optimizer state (FSDP's
+on resident bucket buffers, :data:`STRATEGIES`); each
 step runs every strategy once, in turn (interleaved), behind a barrier, timed from the call to the
 parameters and state being ready (forward, backward, collectives and update are one compiled
 program). ``--phases`` adds each step cut into separately compiled parts
@@ -31,10 +32,14 @@ from workbench.models.jax_mlp import build_problem, mlp_loss
 from workbench.ranks.jax_args import parse_rank_args
 from workbench.strategies import get_strategy
 
-#: Timed name -> (registered strategy, reduce-scatter transport of the FSDP step). The default strategies use
-#: the step's ``"auto"`` transport (all-to-all on CPU); ``-rs`` XLA's ``psum_scatter``, for comparison.
-STRATEGIES = {"ddp": ("ddp", None), "fsdp-row": ("fsdp-row", "auto"), "fsdp-flat": ("fsdp-flat", "auto"),
-              "fsdp-row-rs": ("fsdp-row", "psum_scatter"), "fsdp-flat-rs": ("fsdp-flat", "psum_scatter")}
+#: Timed name -> (registered strategy, reduce-scatter transport of the FSDP step, resident). FSDP runs on
+#: resident bucket buffers (``step_buckets``, donated) unless ``-tree`` (``step`` on the pytree: pack and
+#: unpack every call); DDP does not donate unless ``-donated``. The defaults use the step's ``"auto"``
+#: transport (all-to-all on CPU); ``-rs`` XLA's ``psum_scatter``, for comparison.
+STRATEGIES = {"ddp": ("ddp", None, False), "ddp-donated": ("ddp", None, True),
+              "fsdp-row": ("fsdp-row", "auto", True), "fsdp-flat": ("fsdp-flat", "auto", True),
+              "fsdp-row-tree": ("fsdp-row", "auto", False), "fsdp-flat-tree": ("fsdp-flat", "auto", False),
+              "fsdp-row-rs": ("fsdp-row", "psum_scatter", True), "fsdp-flat-rs": ("fsdp-flat", "psum_scatter", True)}
 DEFAULT_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat")
 
 
@@ -81,25 +86,30 @@ def main(argv: list[str] | None = None) -> None:
             sharding = NamedSharding(mesh, spec)
             return jax.tree_util.tree_map(lambda a: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]), tree)
 
-        steps, state = {}, {}
+        steps, state, run = {}, {}, {}
         for name in names:
             opt = make_optimizer("adamw", 1e-4, weight_decay=0.01)
-            record, transport = get_strategy(STRATEGIES[name][0], framework="jax"), STRATEGIES[name][1]
-            steps[name] = (make_ddp_step(mlp_loss, params, opt, mesh) if record.family == "data_parallel" else
-                           make_fsdp_step(mlp_loss, params, opt, mesh, layout=record.layout, reduce_scatter=transport,
-                                          communication_size=args.communication_size))
+            (strategy, transport, resident), record = STRATEGIES[name], get_strategy(STRATEGIES[name][0], framework="jax")
+            if record.family == "data_parallel":
+                steps[name] = make_ddp_step(mlp_loss, params, opt, mesh, donate=resident)
+            else:
+                steps[name] = make_fsdp_step(mlp_loss, params, opt, mesh, layout=record.layout, reduce_scatter=transport,
+                                             communication_size=args.communication_size)
             p = to_global(params, P())
-            state[name] = (p, steps[name].init(p))
+            s = steps[name].init(p)
+            fsdp_resident = resident and transport is not None
+            state[name] = (steps[name].to_buckets(p) if fsdp_resident else p, s)
+            run[name] = steps[name].step_buckets if fsdp_resident else steps[name].step
         b = to_global(batch, P("fsdp"))
         times = {name: [] for name in names}
-        parts = {name: (ddp_parts if STRATEGIES[name][1] is None else fsdp_parts)(steps[name], mesh)
-                 for name in names} if args.phases else {}
+        parts = {name: ddp_parts(steps[name], mesh) if STRATEGIES[name][1] is None else
+                 fsdp_parts(steps[name], mesh, resident=STRATEGIES[name][2]) for name in names} if args.phases else {}
         phases = {name: {} for name in parts}
         for i in range(args.steps):
             for name in names:
                 multihost_utils.sync_global_devices(f"step {i} {name}")
                 t0 = time.perf_counter()
-                p, s, _ = steps[name].step(*state[name], b)
+                p, s, _ = run[name](*state[name], b)
                 jax.block_until_ready((p, s))
                 times[name].append(time.perf_counter() - t0)
                 state[name] = (p, s)

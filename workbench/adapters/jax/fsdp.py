@@ -4,10 +4,12 @@
   (parameters replicated, gradients and optimizer state sharded: ZeRO-2-like, PyTorch
   FSDP with ``reshard_after_forward=False``). Per bucket of
   ``plan_shards(plan_buckets(spec_from_jax(params), communication_size), N, layout)``:
-  pack the gradients in the plan's layout, one reduce-scatter (on CPU an all-to-all of the
+  the gradient bucket in the plan's layout, one reduce-scatter (on CPU an all-to-all of the
   rows and a local sum, XLA's ``psum_scatter`` elsewhere), optional clipping by
   the global norm, the optax update on the local slice, one ``all_gather``.
   ``dp_axis`` adds HSDP: shards are also summed over the replica axis (MLX #3194).
+  Its resident form (issue 30, :meth:`FsdpStep.step_buckets`) keeps the parameters in the
+  buckets' buffers between steps and donates them with the optimizer state.
 * :func:`make_ddp_step` -- the reference: gradients ``pmean``-ed, full update.
 
 Both take ``num_microbatches`` (G) and ``defer_sync``: gradient accumulation over G
@@ -38,6 +40,7 @@ from workbench.adapters.jax.base import spec_from_jax
 from workbench.adapters.jax.step_base import (
     StepBase,
     axis_names,
+    bucket_views,
     check_mesh,
     clip_leaves,
     global_norm,
@@ -47,7 +50,6 @@ from workbench.adapters.jax.step_base import (
     resolve_reduce_scatter,
     smap,
     state_specs,
-    unpack_bucket,
     vary,
 )
 from workbench.core.buckets import plan_buckets
@@ -57,6 +59,15 @@ from workbench.core.units import MiB
 
 class FsdpStep(StepBase):
     """An FSDP (or HSDP) training step; build it with :func:`make_fsdp_step`.
+
+    Two ways to run it, one program body. :meth:`step` takes and returns the parameter pytree (it
+    packs the buckets on entry and reads the arrays out on exit, every call). The resident form keeps
+    the parameters in the plan's bucket buffers for the whole run: :meth:`to_buckets` once,
+    :meth:`step_buckets` every step (parameter buffers and optimizer state donated), :meth:`from_buckets`
+    when the arrays are wanted. In it the model reads its parameters as slices of the buffers, the gradient
+    is packed into the bucket's shape as the reduce-scatter's operand (XLA fuses the two), the optimizer
+    updates this rank's 1/N slice of each buffer, and the all-gather writes the next step's buffer: the
+    parameters are never concatenated, split or copied out between steps.
 
     Attributes:
         plan: The :class:`~workbench.core.shards.ShardPlan` this step realises.
@@ -102,56 +113,98 @@ class FsdpStep(StepBase):
         metrics = {"loss": P(), "grad_norm": P()} | ({"grad_shards": [P(axis)] * nb} if return_grad_shards else {})
         self.param_sharding, self.batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, data)
         live = self.num_data > 1
-        self._init = smap(self._init_body, mesh, (P(),), specs, live)
-        self._step = smap(self._step_body, mesh, (P(), specs, data), (P(), specs, metrics), live)
+        self._init = smap(lambda p: self.optimizer.init(self.local_slices(self.pack_params(p))), mesh, (P(),), specs, live)
+        self._step = smap(self._tree_body, mesh, (P(), specs, data), (P(), specs, metrics), live)
+        self._step_buckets = smap(self._bucket_body, mesh, (P(), specs, data), (P(), specs, metrics), live,
+                                  donate=(0, 1))
+        self._to_buckets = smap(self.pack_params, mesh, (P(),), P(), live)
+        self._from_buckets = smap(self.param_views, mesh, (P(),), P(), live)
 
-    def local_slices(self, leaves: Sequence[jax.Array]) -> list[jax.Array]:
-        """Inside the step's ``shard_map``: this rank's slice of every bucket of ``leaves`` (the parameters)."""
+    def pack_params(self, params: Any) -> list[jax.Array]:
+        """Inside the step's ``shard_map``: a parameter-shaped pytree packed into the plan's bucket buffers."""
+        leaves = self.treedef.flatten_up_to(params)
+        return [pack_bucket(bk, leaves, self.num_shards, self.layout) for bk in self.packed_buckets]
+
+    def param_views(self, buffers: Sequence[jax.Array]) -> Any:
+        """Inside the step's ``shard_map``: the parameter pytree as views of the bucket buffers."""
+        return bucket_views(self.packed_buckets, buffers, self.num_shards, self.layout, self.treedef)
+
+    def local_slices(self, buffers: Sequence[jax.Array]) -> list[jax.Array]:
+        """Inside the step's ``shard_map``: this rank's c elements of every bucket buffer (N*c elements)."""
         r = jax.lax.axis_index(self.axis)
-        n, layout = self.num_shards, self.layout
-        return [jax.lax.dynamic_slice_in_dim(pack_bucket(bk, leaves, n, layout), r * bk.chunk_elems, bk.chunk_elems)
-                for bk in self.packed_buckets]
+        return [jax.lax.dynamic_slice_in_dim(buf, r * bk.chunk_elems, bk.chunk_elems)
+                for bk, buf in zip(self.packed_buckets, buffers)]
 
-    def _init_body(self, params):
-        return self.optimizer.init(self.local_slices(jax.tree_util.tree_leaves(params)))
-
-    def _reduce(self, grads: Any, divisor: int | None) -> list[jax.Array]:
-        """Local gradients -> per bucket this rank's summed shard (divided by ``divisor``, if given)."""
-        n, axis, dp, layout = self.num_shards, self.axis, self._dp, self.layout
-        g_leaves, shards = self.treedef.flatten_up_to(grads), []
-        for bk in self.packed_buckets:
-            s = pack_bucket(bk, g_leaves, n, layout)
+    def _reduce(self, grads: Sequence[jax.Array], divisor: int | None) -> list[jax.Array]:
+        """Gradient buckets (N*c each) -> per bucket this rank's summed shard (divided by ``divisor``, if given)."""
+        n, axis, dp, shards = self.num_shards, self.axis, self._dp, []
+        for s in grads:
             s = reduce_scatter_rows(s, axis, n, self.reduce_scatter) if n > 1 else s
             s = jax.lax.psum(s, dp) if dp else s
             shards.append(s / divisor if divisor else s)
         return shards
 
-    def _step_body(self, params, opt_state, batch):
-        n, axis, dp, layout, g = self.num_shards, self.axis, self._dp, self.layout, self.num_microbatches
+    def _bucket_body(self, buffers, opt_state, batch):
+        n, axis, dp, g = self.num_shards, self.axis, self._dp, self.num_microbatches
         data_axes = axis_names(dp) + ((axis,) if n > 1 else ())
-        value_and_grad, varying = jax.value_and_grad(self.loss_fn), vary(params, data_axes)
+        value_and_grad, varying = jax.value_and_grad(self.loss_fn), vary(self.param_views(buffers), data_axes)
+        # The gradient of the views, packed into the bucket's shape inside the step (XLA writes it straight into
+        # the reduce-scatter's operand); accumulated as arrays, so deferral keeps one unsharded gradient.
         if self.num_syncs > 1:  # reduce-scatter every micro-batch, accumulate this rank's shards
             loss, shards = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g),
-                                      lambda grads: self._reduce(grads, None))
+                                      lambda grads: self._reduce(self.pack_params(grads), None))
             shards = [s / (self.num_data * g) for s in shards]
         else:  # G=1, or deferred: accumulate full local gradients, reduce-scatter once
             loss, grads = accumulate(lambda micro: value_and_grad(varying, micro), split_local(batch, g))
-            shards = self._reduce(grads, self.num_data * g)
+            shards = self._reduce(self.pack_params(grads), self.num_data * g)
         sq = global_norm(shards)
         norm = jnp.sqrt(jax.lax.psum(sq, axis) if n > 1 else sq)
         clipped = clip_leaves(shards, norm, self.max_norm)
-        slices = self.local_slices(self.treedef.flatten_up_to(params))
+        slices = self.local_slices(buffers)
         updates, opt_state = self.optimizer.update(clipped, opt_state, slices)
         new = optax.apply_updates(slices, updates)
-        leaves: list = [None] * len(self.spec.params)
-        for bk, s in zip(self.packed_buckets, new):
-            full = jax.lax.all_gather(s, axis, tiled=True, to="invarying") if n > 1 else s
-            for i, a in zip(bk.index, unpack_bucket(bk, full, n, layout)):
-                leaves[i] = a
+        buffers = [jax.lax.all_gather(s, axis, tiled=True, to="invarying") if n > 1 else s for s in new]
         metrics = {"loss": jax.lax.pmean(loss, data_axes) if data_axes else loss, "grad_norm": norm}
         if self.return_grad_shards:
             metrics["grad_shards"] = shards
-        return self.treedef.unflatten(leaves), opt_state, metrics
+        return buffers, opt_state, metrics
+
+    def _tree_body(self, params, opt_state, batch):
+        buffers, opt_state, metrics = self._bucket_body(self.pack_params(params), opt_state, batch)
+        return self.param_views(buffers), opt_state, metrics
+
+    def to_buckets(self, params: Any) -> list[jax.Array]:
+        """The parameters as the plan's bucket buffers, replicated: per bucket a 1-D array of N*c elements
+        in the plan's layout (rank r's slice at [r*c, (r+1)*c); ``flat``: zero padding at the end)."""
+        self._check_params(params)
+        return self._to_buckets(params)
+
+    def from_buckets(self, buffers: Sequence[jax.Array]) -> Any:
+        """The parameter pytree (replicated) read out of :meth:`to_buckets`' buffers."""
+        self._check_buckets(buffers)
+        return self._from_buckets(list(buffers))
+
+    def step_buckets(self, buffers: Sequence[jax.Array], opt_state: Any, batch: Any) -> tuple[list, Any, dict]:
+        """One step on resident buffers: as :meth:`step`, with parameters and result as bucket buffers.
+
+        ``buffers`` and ``opt_state`` are donated: XLA may write the outputs into them, and they are
+        deleted; pass on the returned ones."""
+        self._check_buckets(buffers)
+        self._check_batch(batch)
+        buffers, opt_state, metrics = self._step_buckets(list(buffers), opt_state, batch)
+        return buffers, opt_state, {**metrics, "num_collectives": self.num_collectives}
+
+    def lower_buckets(self, buffers: Sequence[jax.Array], opt_state: Any, batch: Any) -> jax.stages.Lowered:
+        """The lowered resident step (:meth:`step_buckets`) for these arguments."""
+        return self._step_buckets.lower(list(buffers), opt_state, batch)
+
+    def _check_buckets(self, buffers: Sequence[jax.Array]) -> None:
+        if len(buffers) != len(self.packed_buckets):
+            raise ValueError(f"{len(buffers)} bucket buffers given; the plan has {len(self.packed_buckets)} buckets.")
+        for b, (bk, buf) in enumerate(zip(self.packed_buckets, buffers)):
+            want = (self.num_shards * bk.chunk_elems,)
+            if tuple(buf.shape) != want or jnp.dtype(buf.dtype).name != bk.dtype:
+                raise ValueError(f"bucket buffer {b} is {buf.dtype}{tuple(buf.shape)}; the plan expects {bk.dtype}{want}.")
 
 
 def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
@@ -202,7 +255,8 @@ class DdpStep(StepBase):
     ``num_collectives``: one all-reduce per array (G per array with per-micro-batch sync).
     """
 
-    def __init__(self, loss_fn, params, optimizer, mesh, *, axis, max_norm, return_grads, num_microbatches, defer_sync):
+    def __init__(self, loss_fn, params, optimizer, mesh, *, axis, max_norm, return_grads, num_microbatches, defer_sync,
+                 donate=False):
         check_accum(num_microbatches, defer_sync)
         self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
         self.axes = axis_names(axis)
@@ -216,7 +270,8 @@ class DdpStep(StepBase):
         self.param_sharding, self.batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P(self.axes))
         self._init = jax.jit(optimizer.init, out_shardings=self.param_sharding)
         self._live = tuple(a for a in self.axes if mesh.shape[a] > 1)
-        self._step = smap(self._step_body, mesh, (P(), P(), P(self.axes)), (P(), P(), metrics), bool(self._live))
+        self._step = smap(self._step_body, mesh, (P(), P(), P(self.axes)), (P(), P(), metrics), bool(self._live),
+                          donate=(0, 1) if donate else ())
 
     def _step_body(self, params, opt_state, batch):
         live, g = self._live, self.num_microbatches
@@ -239,12 +294,15 @@ class DdpStep(StepBase):
 
 def make_ddp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
                   mesh: Mesh, axis: str | Sequence[str] = "fsdp", max_norm: float | None = None, *,
-                  return_grads: bool = False, num_microbatches: int = 1, defer_sync: bool = True) -> DdpStep:
+                  return_grads: bool = False, num_microbatches: int = 1, defer_sync: bool = True,
+                  donate: bool = False) -> DdpStep:
     """Build the data-parallel reference: gradients ``pmean``-ed over ``axis`` (a name or a tuple), full update.
 
     Same arguments and metrics as :func:`make_fsdp_step`; clipping uses the same formula.
     With G > 1, ``defer_sync`` all-reduces the accumulated gradients once (True) or every
-    micro-batch's (False); the accumulator is full in both modes.
+    micro-batch's (False); the accumulator is full in both modes. ``donate``: ``step`` donates the
+    parameters and optimizer state (XLA may update them in place; they are deleted), as FSDP's
+    ``step_buckets`` does. Default: False.
     """
     return DdpStep(loss_fn, params, optimizer, mesh, axis=axis, max_norm=max_norm, return_grads=return_grads,
-                   num_microbatches=num_microbatches, defer_sync=defer_sync)
+                   num_microbatches=num_microbatches, defer_sync=defer_sync, donate=donate)

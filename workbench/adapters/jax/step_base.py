@@ -58,6 +58,18 @@ def unpack_bucket(bk: PackedBucket, buf: jax.Array, n: int, layout: str) -> list
     return [p.reshape(s) for p, s in zip(parts, bk.shapes)]
 
 
+def bucket_views(buckets: Sequence[PackedBucket], buffers: Sequence[jax.Array], n: int, layout: str,
+                 treedef: Any) -> Any:
+    """The parameter pytree read out of the bucket buffers (inside a jitted step): every array a slice
+    and reshape of its bucket's buffer (:func:`unpack_bucket`), which XLA reads in place or copies
+    into the op that reads it (on CPU a dot's weight is copied out: one parameter-sized temporary)."""
+    leaves: list = [None] * sum(len(bk.index) for bk in buckets)
+    for bk, buf in zip(buckets, buffers):
+        for i, a in zip(bk.index, unpack_bucket(bk, buf, n, layout)):
+            leaves[i] = a
+    return treedef.unflatten(leaves)
+
+
 #: How a bucket is reduce-scattered: XLA's reduce-scatter, or an all-to-all of the N rows and a local sum;
 #: ``"auto"`` is the all-to-all on CPU devices (gloo, MPI) and XLA's reduce-scatter elsewhere (NCCL).
 REDUCE_SCATTERS = ("auto", "psum_scatter", "all_to_all")
@@ -89,10 +101,13 @@ def reduce_scatter_rows(buf: jax.Array, axis: str, n: int, how: str = "psum_scat
     return jax.lax.psum_scatter(buf, axis, scatter_dimension=0, tiled=True)
 
 
-def smap(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any, communicates: bool) -> Callable:
+def smap(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any, communicates: bool,
+         donate: tuple[int, ...] = ()) -> Callable:
     """``jit(shard_map(f))``. Without communication (one device) the replication check is off, so no
-    implicit all-reduce is inserted and no single-device collective survives in the compiled program."""
-    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=communicates))
+    implicit all-reduce is inserted and no single-device collective survives in the compiled program.
+    ``donate``: positions of arguments whose buffers XLA may reuse for the outputs (they are deleted)."""
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=communicates),
+                   donate_argnums=donate)
 
 
 def vary(tree: Any, axes: tuple[str, ...]) -> Any:
