@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         steps, state, run = {}, {}, {}
         for name in names:
             opt = make_optimizer("adamw", 1e-4, weight_decay=0.01)
-            (strategy, transport, resident), record = STRATEGIES[name], get_strategy(STRATEGIES[name][0], framework="jax")
+            strategy, transport, resident = STRATEGIES[name]
+            record = get_strategy(strategy, framework="jax")
             if record.family == "data_parallel":
                 steps[name] = make_ddp_step(mlp_loss, params, opt, mesh, donate=resident)
             else:
