@@ -8,7 +8,8 @@ import json
 
 from workbench.core.events import PROGRESS_ENV
 from workbench.launch.driver import RunOutcome
-from workbench.launch.sweep import SweepClock, all_done, run_specs, spec_label
+from workbench.launch.sweep import SweepClock, all_done, run_specs
+from workbench.runs.labels import run_label
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore
 from workbench.runs.tables import load_runs
@@ -55,8 +56,8 @@ def test_the_sweep_skips_done_specs_goes_on_after_a_failure_and_reports_each_run
     assert calls == [1, 2, 4] and [o.status for o in first] == ["done", "failed", "done"]
     assert not all_done(first)
     assert [s for s in watcher.seen if s[0] != "steps"] == [
-        ("start", spec_label(SPECS[0])), ("end", "done"), ("start", spec_label(SPECS[1])), ("end", "failed"),
-        ("start", spec_label(SPECS[2])), ("end", "done")]
+        ("start", run_label(SPECS[0])), ("end", "done"), ("start", run_label(SPECS[1])), ("end", "failed"),
+        ("start", run_label(SPECS[2])), ("end", "done")]
     assert ("steps", 3, True) in watcher.seen  # the display is given the steps done and an ETA once paced
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert [e["event"] for e in lines if e["event"] != "run_steps"] == ["run_start", "run_end"] * 3
@@ -84,3 +85,33 @@ def test_the_clock_paces_the_run_then_the_runs_left_at_the_trained_runs_mean():
     clock.eta(1, 10)
     run_left, sweep_left = clock.eta(10, 10)
     assert run_left == 0.0 and sweep_left == 30.0  # one run left, at the mean of the one trained (30 s)
+
+
+def test_one_label_whatever_shape_the_run_comes_in(tmp_path):
+    """A RunSpec, its dict and its row of load_runs (spec.* columns, integers as floats where a column has gaps)
+    are labelled alike; what differs from the defaults is said."""
+    import pandas as pd
+
+    spec = RunSpec(strategy="fsdp-row", precision="bfloat16", communication_size=4 << 20, num_microbatches=2,
+                   defer_sync=False, global_batch=8)
+    row = pd.Series({f"spec.{k}": (float(v) if isinstance(v, int) and not isinstance(v, bool) else v)
+                     for k, v in spec.to_dict().items() if k != "model"})
+    assert run_label(spec) == run_label(spec.to_dict()) == run_label(row) == \
+        "mlx fsdp-row bfloat16 communication_size 4.00 MiB G=2 every micro-batch"
+    assert run_label(RunSpec(framework="jax")) == "jax ddp"
+
+
+
+def test_a_label_names_what_sets_the_run_apart_among_those_shown():
+    """Runs shown together are told apart by what differs among them (the bucket-size sweep by its sizes; the
+    convergence runs, all at one size, by framework and strategy only), as the committed stores show."""
+    from workbench.runs.labels import run_labels
+    from workbench.studies.design_review import reference_runs_dir
+
+    convergence = set(run_labels(load_runs(reference_runs_dir("convergence")).runs))
+    assert "mlx fsdp-row" in convergence and not any("communication_size" in label for label in convergence)
+    sizes = run_labels(load_runs(reference_runs_dir("comm-size")).runs)
+    assert len(set(sizes)) == len(sizes) and all("communication_size" in label for label in sizes)
+    alone = RunSpec(communication_size=4096)
+    assert run_label(alone) == "mlx ddp communication_size 4.00 KiB"  # alone: what differs from the defaults
+    assert run_label(alone, among=[alone, RunSpec(communication_size=4096, strategy="fsdp-row")]) == "mlx ddp"

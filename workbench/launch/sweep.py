@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from workbench.core.events import emit
-from workbench.core.units import format_bytes
 from workbench.launch.driver import RunOutcome, run_training
+from workbench.runs.labels import run_label
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, run_id_for
 
@@ -59,17 +59,6 @@ class SweepClock:
         return run_left, (run_left + runs_left * per_run if per_run is not None else None)
 
 
-def spec_label(spec: RunSpec) -> str:
-    """A short name for a run in progress displays: framework, strategy and what sets it apart."""
-    parts = [spec.framework, spec.strategy]
-    if spec.precision != "float32":
-        parts.append(spec.precision)
-    parts.append(f"communication_size {format_bytes(spec.communication_size)}")
-    if spec.num_microbatches > 1:
-        parts.append(f"G={spec.num_microbatches} {'deferred' if spec.defer_sync else 'every micro-batch'}")
-    return " ".join(parts)
-
-
 def all_done(outcomes: Iterable[RunOutcome]) -> bool:
     """Whether every run of a sweep is stored and done (trained now, or skipped as already done)."""
     outcomes = list(outcomes)
@@ -97,7 +86,7 @@ def run_specs(specs: Iterable[RunSpec], runs_root: Path | str, *, watcher: Sweep
     last_event = [0.0]
     clock, outcomes = SweepClock(len(specs)), []
     for spec in specs:
-        label = spec_label(spec)
+        label = run_label(spec, among=specs)  # what sets it apart in this sweep
         shown = watcher.run_started(spec, label) if watcher is not None else None
         clock.run_started()
         if not RunStore(root).is_done(spec.to_dict()):  # (a stored run is only reported as skipped)

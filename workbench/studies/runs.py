@@ -13,22 +13,12 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.runs.labels import run_labels
 from workbench.strategies import get_strategy
 from workbench.views.style import TEMPLATE, coincide_note, coinciding, separate_coinciding
 
 #: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
-LABEL_FIELDS = ("spec.framework", "spec.strategy")
 WARMUP_STEPS = 2
-
-
-def run_label(row: pd.Series) -> str:
-    """``"mlx fsdp-row"``; with gradient accumulation ``"mlx fsdp-row G=4 deferred"`` (or ``every micro-batch``)."""
-    label = f"{row['spec.framework']} {row['spec.strategy']}"
-    g = row.get("spec.num_microbatches")
-    if g is not None and not pd.isna(g) and g > 1:
-        defer = row.get("spec.defer_sync")
-        label += f" G={int(g)} " + ("every micro-batch" if defer is False or defer == 0 else "deferred")
-    return label
 
 
 def loss_curves(loaded) -> pd.DataFrame:
@@ -66,6 +56,7 @@ def summarize_runs(loaded) -> pd.DataFrame:
     """One row per run: label, status, final loss, median step time, peak memory (process RSS, and
     MLX's array peak where recorded), and max |loss - DDP's|."""
     runs, curves = loaded.runs, loss_curves(loaded)
+    labels = dict(zip(runs.run_id, run_labels(runs)))  # what sets each run apart among these
     rows = []
     for _, run in runs.iterrows():
         mine = curves[curves.run_id == run.run_id].set_index("step")
@@ -78,7 +69,7 @@ def summarize_runs(loaded) -> pd.DataFrame:
             both = mine.loss.align(ref, join="inner")
             diff = float((both[0] - both[1]).abs().max()) if len(both[0]) else None
         rows.append({
-            "run": run_label(run), "run_id": run.run_id, "status": run.status, "steps": len(mine),
+            "run": labels[run.run_id], "run_id": run.run_id, "status": run.status, "steps": len(mine),
             "final_loss": float(mine.loss.iloc[-1]) if len(mine) else None,
             "median_step_ms": float(steady.step_time_s.median() * 1e3) if len(steady) else None,
             # Process peak RSS is comparable across frameworks; MLX also reports its arrays' peak.
@@ -109,8 +100,9 @@ def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 42
     each other stay distinguishable.
     """
     runs, curves = loaded.runs, loss_curves(loaded)
+    labels = dict(zip(runs.run_id, run_labels(runs)))  # what sets each run apart among these
     ordered = list(runs.sort_values(["spec.framework", "spec.strategy"]).iterrows())
-    ys = {run_label(run): curves[curves.run_id == run.run_id].loss.tolist() for _, run in ordered}
+    ys = {labels[run.run_id]: curves[curves.run_id == run.run_id].loss.tolist() for _, run in ordered}
     groups = coinciding(ys, rtol=1e-6, floor=1.0)  # equal to 1e-6 of the loss (or of 1 nat) at every step
     note = "; ".join(f"{len(g)} runs coincide ({', '.join(g)})" for g in groups) or "no two runs coincide"
     fig = go.Figure(layout=dict(template=TEMPLATE, height=height, yaxis_title="loss (nats per token)",
@@ -119,7 +111,7 @@ def fig_loss_curves(loaded, floor_nats: float | None = None, *, height: int = 42
                                 title=f"Convergence: every strategy on the same global batches<br><sup>{note}</sup>"))
     for k, (_, run) in enumerate(ordered):
         c = curves[curves.run_id == run.run_id]
-        fig.add_trace(go.Scatter(x=c.step.tolist(), y=c.loss.tolist(), mode="lines", name=run_label(run),
+        fig.add_trace(go.Scatter(x=c.step.tolist(), y=c.loss.tolist(), mode="lines", name=labels[run.run_id],
                                  line=dict(dash=_DASHES[k % len(_DASHES)], width=max(1.5, 2 * len(ordered) - 2 * k))))
     if floor_nats is not None:
         fig.add_hline(y=floor_nats, line_dash="dash", line_color="black",
@@ -136,6 +128,7 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
     least two decades, labelled at each decade.
     """
     runs, curves = loaded.runs, loss_curves(loaded)
+    labels = dict(zip(runs.run_id, run_labels(runs)))  # what sets each run apart among these
     traces, exact = [], 0  # runs equal to DDP at every step
     for _, run in runs[~runs["spec.strategy"].map(is_ddp)].iterrows():
         twin = ddp_twin(runs, run.run_id)
@@ -146,7 +139,7 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
         d = (a - b).abs().dropna()
         exact += bool(len(d) and (d == 0).all())
         traces.append(dict(type="scatter", x=d.index.tolist(), y=d.clip(lower=DIFF_FLOOR).tolist(), mode="lines+markers",
-                           name=run_label(run), line=dict(width=1.5)))
+                           name=labels[run.run_id], line=dict(width=1.5)))
     notes = coincide_note(separate_coinciding(traces))
     if exact:
         notes.insert(0, f"{exact} of {len(traces)} runs equal DDP exactly at every step (drawn at the floor, "

@@ -18,7 +18,8 @@ import plotly.graph_objects as go
 
 from workbench.core.events import format_duration
 from workbench.launch.driver import RunOutcome
-from workbench.launch.sweep import all_done, run_specs, spec_label
+from workbench.launch.sweep import all_done, run_specs
+from workbench.runs.labels import run_label
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import run_id_for
 from workbench.runs.tables import read_steps
@@ -32,13 +33,13 @@ class LiveProgress:
     run's and the sweep's seconds left, from the sweep's clock)."""
 
     def __init__(self, spec: RunSpec, runs_root: Path, *, floor_nats: float | None = None, redraw_s: float = 0.5,
-                 sweep: "SweepProgress | None" = None):
+                 sweep: "SweepProgress | None" = None, label: str | None = None):
         self.spec, self.redraw_s, self.last_draw = spec, redraw_s, 0.0
         self.run_id = run_id_for(spec.to_dict())
         self.steps_path = Path(runs_root) / self.run_id / "steps.jsonl"
         self.sweep = sweep
         self.eta: tuple[float | None, float | None] = (None, None)  # (run, sweep) seconds left
-        self.label = spec_label(spec)
+        self.label = label or run_label(spec)
         label = f"{spec.framework} {spec.strategy}"
         self.bar = widgets.IntProgress(value=0, min=0, max=spec.steps, description=label,
                                        style={"description_width": "120px"}, layout={"width": "60%"})
@@ -126,7 +127,7 @@ class _Display:
             show(self.sweep.widget)
 
     def run_started(self, spec: RunSpec, label: str) -> LiveProgress:
-        self.live = LiveProgress(spec, self.runs_root, floor_nats=self.floor_nats, sweep=self.sweep)
+        self.live = LiveProgress(spec, self.runs_root, floor_nats=self.floor_nats, sweep=self.sweep, label=label)
         if self.show is not None:
             self.show(self.live.widget)
         return self.live
