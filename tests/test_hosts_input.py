@@ -14,7 +14,7 @@ import pytest
 
 from workbench.launch.host_values import check_address, check_controller_ip
 from workbench.launch.hosts import Host, HostsFile, load_hosts, parse_hosts, plan_hosts_launch
-from workbench.launch.remote import controller_address, runner_for
+from workbench.launch.remote import Placement, controller_address
 
 GOOD = '[[hosts]]\naddress = "10.0.0.11"\n'
 
@@ -160,10 +160,10 @@ def test_a_file_wide_value_is_refused_naming_it_and_the_file(tmp_path, field, va
 
 def test_an_ssh_config_with_a_space_is_refused_for_mpi_before_anything_runs(tmp_path):
     path = write(tmp_path, 'ssh_config = "/home/me/my cluster/ssh_config"\n' + GOOD)
-    assert runner_for(path, "ssh") is not None  # ssh takes it as one argument
+    assert Placement.of(path, "ssh").runner() is not None  # ssh takes it as one argument
     with pytest.raises(ValueError, match=rf"hosts file {re.escape(str(path))}: ssh_config='/home/me/my cluster/"
                                          r"ssh_config': launcher='mpi' .* splits on whitespace"):
-        runner_for(path, "mpi")
+        Placement.of(path, "mpi")
 
 
 # ------------------------------------------------------------------------------------ addresses

@@ -115,3 +115,27 @@ def test_a_label_names_what_sets_the_run_apart_among_those_shown():
     alone = RunSpec(communication_size=4096)
     assert run_label(alone) == "mlx ddp communication_size 4.00 KiB"  # alone: what differs from the defaults
     assert run_label(alone, among=[alone, RunSpec(communication_size=4096, strategy="fsdp-row")]) == "mlx ddp"
+
+
+def test_a_runs_bounds_and_its_placement_are_one_value_each_checked_where_made(tmp_path):
+    """RunLimits bundles the three timeouts (each named when bad) and Placement the hosts and launcher (a bad
+    launcher or hosts file is refused where it is made); run_training refuses both before any record exists."""
+    import pytest
+
+    from workbench.launch.driver import RunLimits, run_training
+    from workbench.launch.remote import Placement
+
+    assert RunLimits() == RunLimits(60.0, 180.0, 3600.0)
+    for name in ("step_timeout_s", "startup_timeout_s", "timeout_s"):
+        for bad in (0, -1.0, float("inf"), True, "60"):
+            with pytest.raises(ValueError, match=f"{name}={bad!r}: must be a finite number of seconds > 0"):
+                RunLimits(**{name: bad})
+    here = Placement.of(None)
+    assert here.hosts is None and here.record() is None and Placement.of(here) is here
+    with pytest.raises(ValueError, match="launcher='rsh': choose one of"):
+        Placement.of(tmp_path / "hosts.toml", "rsh")
+    with pytest.raises(ValueError, match="timeout_s=0"):
+        run_training(SPECS[0], tmp_path / "runs", timeout_s=0)
+    with pytest.raises(ValueError, match="launcher='rsh'"):
+        run_training(SPECS[0], tmp_path / "runs", hosts=tmp_path / "hosts.toml", launcher="rsh")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 from workbench.core.checks import as_whole
 from workbench.core.events import emit
 from workbench.launch.engines import EngineFailure
-from workbench.launch.remote import describe_hosts, runner_for
+from workbench.launch.remote import Placement
 from workbench.ranks.collective_timing import bench_rank
 from workbench.runs.store import RunStore, run_id_for
 from workbench.strategies import COLLECTIVE_KINDS
@@ -79,9 +79,10 @@ def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks
             is recorded in the store first, naming the rank where known.
     """
     spec = benchmark_spec(framework, num_ranks, sizes_bytes, kinds, iters)
-    runner = runner_for(hosts, launcher)
-    if hosts is not None:
-        spec["placement"] = {"launcher": launcher, "hosts": [[h["address"], h["slots"]] for h in describe_hosts(hosts)]}
+    placement = Placement.of(hosts, launcher)  # a bad hosts file or launcher is refused before anything starts
+    runner = placement.runner()
+    if placement.hosts is not None:
+        spec["placement"] = placement.record()
     store = RunStore(Path(root))
     label = f"collective benchmark {framework}, {num_ranks} ranks, {len(spec['sizes_bytes'])} sizes"
     if skip_done and store.is_done(spec):

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from workbench.launch.engines import EngineFailure, EngineRun, run_on_fresh_ports
-from workbench.launch.remote import runner_for
+from workbench.launch.engines import EngineFailure, EngineRun
+from workbench.launch.remote import Placement
 from workbench.ranks.entry import train_rank
 from workbench.ranks.phases import PHASE_MODEL, PHASE_STEP, PHASES, read_phases
 from workbench.runs.factory import import_paths
@@ -155,21 +155,54 @@ def _has_steps(steps_path: Path) -> bool:
     return steps_path.exists() and steps_path.stat().st_size > 0
 
 
-def check_run_knobs(spec: Any, runs_root: Any, **seconds: Any) -> None:
+@dataclass(frozen=True)
+class RunLimits:
+    """The three bounds of a run, in seconds (each a finite number > 0, checked here, naming the one at fault).
+
+    Attributes:
+        step_timeout_s: Longest wait for the next step once the first has finished.
+        startup_timeout_s: Longest wait for the first step (imports, compilation).
+        timeout_s: Longest wait for the whole run, from :func:`run_training`'s call: building a user's model
+            there (:func:`build_user_model`) counts, and so does every engine's run.
+    """
+
+    step_timeout_s: float = 60.0
+    startup_timeout_s: float = 180.0
+    timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for name in ("step_timeout_s", "startup_timeout_s", "timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}={value!r}: must be a finite number of seconds > 0.")
+
+
+def check_run_knobs(spec: Any, runs_root: Any) -> None:
     """Refuse bad :func:`run_training` arguments before anything starts, naming the one at fault.
 
     Raises:
-        ValueError: ``spec`` is not a :class:`RunSpec` (a dict: build one with ``RunSpec(**d)``),
-            ``runs_root`` is not a non-empty path, or one of ``seconds`` is not a finite number > 0.
+        ValueError: ``spec`` is not a :class:`RunSpec` (a dict: build one with ``RunSpec(**d)``), or
+            ``runs_root`` is not a non-empty path.
     """
     if not isinstance(spec, RunSpec):
         hint = " (build one with RunSpec(**spec))" if isinstance(spec, Mapping) else ""
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}{hint}.")
     if not isinstance(runs_root, (str, os.PathLike)) or not os.fspath(runs_root).strip():
         raise ValueError(f"runs_root={runs_root!r}: must be a non-empty path to the run store's folder.")
-    for name, value in seconds.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name}={value!r}: must be a finite number of seconds > 0.")
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt of a run, recorded and about to start: what the engines need, and what watches them."""
+
+    spec: RunSpec
+    store: RunStore
+    handle: Any
+    limits: RunLimits
+    deadline: float
+    progress: Callable[[int], None] | None
+    on_engines: Callable[[EngineRun], None] | None
+    runner: Callable[..., Any]
 
 
 def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float = 60.0, startup_timeout_s: float = 180.0,
@@ -185,17 +218,14 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     Args:
         spec: The run (already validated: a bad spec never reaches an engine).
         runs_root: The run store's folder.
-        step_timeout_s: Longest wait for the next step once the first has finished, in seconds.
-        startup_timeout_s: Longest wait for the first step (imports, compilation), in seconds.
-        timeout_s: Longest wait for the whole run, in seconds, from this call: building a user's model
-            here (:func:`build_user_model`) counts, and so does every engine's run.
+        step_timeout_s, startup_timeout_s, timeout_s: The run's bounds in seconds (:class:`RunLimits`).
         progress: Called with the number of steps every rank has finished, as they arrive.
         on_engines: Called with the started engines (tests use it to inject faults).
         skip_done: Return at once if the store already holds this spec, done. ``False`` redoes a done
             run: its attempt moves to ``<run>/attempts/<n>/`` and a fresh one starts.
         hosts: ``None``: engines on this machine. Else a hosts file (its path, or
-            :func:`workbench.launch.hosts.load_hosts`'s result): engines on those hosts, and every
-            rank's result in the record names its host (``"placement"``).
+            :func:`workbench.launch.hosts.load_hosts`'s result, or a :class:`~workbench.launch.remote.Placement`):
+            engines on those hosts, and every rank's result in the record names its host (``"placement"``).
         launcher: With ``hosts``: ipyparallel's ``"ssh"``, ``"mpi"`` or ``"slurm"`` launcher.
 
     Returns:
@@ -206,13 +236,13 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         TimeoutError: a user's model factory took longer than ``timeout_s`` here, before anything started.
         RunLocked: another live process is running this spec on this store (named by pid).
     """
-    check_run_knobs(spec, runs_root, step_timeout_s=step_timeout_s, startup_timeout_s=startup_timeout_s,
-                    timeout_s=timeout_s)
+    check_run_knobs(spec, runs_root)
+    limits = RunLimits(step_timeout_s, startup_timeout_s, timeout_s)
     deadline = time.monotonic() + timeout_s
     for name, fn in (("progress", progress), ("on_engines", on_engines)):
         if fn is not None and not callable(fn):
             raise ValueError(f"{name}={fn!r}: must be callable or None.")
-    runner = runner_for(hosts, launcher)  # a bad hosts file or launcher is refused before the record exists
+    placement = Placement.of(hosts, launcher)  # a bad hosts file or launcher is refused before the record exists
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):
@@ -231,31 +261,30 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     handle = store.create(spec_dict, meta=meta,
                           overwrite=not skip_done)
     try:
-        return _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, (timeout_s, deadline),
-                    progress, on_engines, runner)
+        return _run(_Attempt(spec, store, handle, limits, deadline, progress, on_engines, placement.runner()))
     finally:
         handle.release()
 
 
-def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, timeout, progress, on_engines,
-         runner=run_on_fresh_ports) -> RunOutcome:
+def _run(attempt: _Attempt) -> RunOutcome:
+    spec, store, handle, limits, deadline = attempt.spec, attempt.store, attempt.handle, attempt.limits, attempt.deadline
     t0 = time.monotonic()
     steps_path = handle.folder / "steps.jsonl"
     recovered = handle.recovered
-    timeout_s, deadline = timeout
 
     def describe(limit_s: float) -> str:  # what each rank was doing (the phases it reported)
         phases = read_phases(handle.folder, handle.record.get("attempt", 1))
         return describe_phases(phases, spec.num_ranks, spec.model_factory, limit_s)
 
     def train(engines: EngineRun) -> tuple[list, float]:
-        if on_engines is not None:
-            on_engines(engines)
-        watchdog = StepWatchdog(steps_path, step_timeout_s, startup_timeout_s, progress, spec.num_ranks, describe)
+        if attempt.on_engines is not None:
+            attempt.on_engines(engines)
+        watchdog = StepWatchdog(steps_path, limits.step_timeout_s, limits.startup_timeout_s, attempt.progress,
+                                spec.num_ranks, describe)
         paths = tuple(import_paths())  # the user's factory imports on the engines as here
         began = time.monotonic()
         try:
-            return (engines.apply(train_rank, [(spec_dict, str(store.root), handle.run_id, paths)] * spec.num_ranks,
+            return (engines.apply(train_rank, [(spec.to_dict(), str(store.root), handle.run_id, paths)] * spec.num_ranks,
                                   timeout_s=max(0.1, deadline - began), on_poll=watchdog, poll_s=0.1),
                     engines.started_s)
         except EngineFailure as err:
@@ -263,13 +292,14 @@ def _run(spec, spec_dict, store, handle, step_timeout_s, startup_timeout_s, time
             if stuck is None:  # a rank failed, or the watchdog stopped the run and said why
                 raise
             # The engines had what was left of the run's bound: name the bound the caller gave.
-            told = f"ranks {stuck} did not finish within {timeout_s:g} s (run_training's timeout_s, from the call)"
+            told = f"ranks {stuck} did not finish within {limits.timeout_s:g} s (run_training's timeout_s, from the call)"
             if not (getattr(err, "phases_told", False) or _has_steps(steps_path)):  # say what the ranks were doing
                 told = f"{told}: {describe(time.monotonic() - began)}"
             raise EngineFailure(told, None) from err
 
     try:
-        results, ready_s = runner(spec.num_ranks, spec.framework, train, may_retry=lambda: not _has_steps(steps_path))
+        results, ready_s = attempt.runner(spec.num_ranks, spec.framework, train,
+                                          may_retry=lambda: not _has_steps(steps_path))
     except EngineFailure as err:
         handle.fail(str(err), err.rank)
         return RunOutcome(handle.run_id, "failed", str(err), err.rank, time.monotonic() - t0, recovered=recovered)

@@ -235,29 +235,58 @@ def run_on_hosts(hosts, num_ranks: int, framework: str, body: Callable[[RemoteEn
                 raise
 
 
-def runner_for(hosts=None, launcher: str = "ssh", **start_kwargs: Any) -> Callable[..., Any]:
-    """``run(num_ranks, framework, body, *, may_retry)``: on local engines
-    (:func:`~workbench.launch.engines.run_on_fresh_ports`) when ``hosts`` is None, else across ``hosts``
-    through ``launcher`` (:func:`run_on_hosts`). The one argument that moves a run onto a cluster.
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's engines start: on this machine (``hosts`` None), or on a hosts file's hosts through one of
+    ipyparallel's launchers. Made once, where a caller names its hosts (:meth:`of`), and handed on whole.
 
-    Raises:
-        ValueError: an unknown launcher, or hosts that do not load (named), before anything starts.
+    Attributes:
+        hosts: The loaded hosts file, or None.
+        launcher: ``"ssh"``, ``"mpi"`` or ``"slurm"`` (with hosts).
     """
-    if hosts is None:
-        return run_on_fresh_ports
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher={launcher!r}: choose one of {', '.join(LAUNCHERS)}")
-    hf = as_hosts(hosts)
-    if launcher == "mpi":  # OpenMPI splits ssh's arguments on whitespace: refused now, before a run is recorded
-        try:
-            rsh_args(ssh_options(hf.ssh_config, 1))
-        except ValueError as err:
-            raise ValueError(f"hosts file {hf.source}: {err}" if hf.source else str(err)) from None
 
-    def run(num_ranks: int, framework: str, body: Callable[[RemoteEngineRun], Any], **kwargs: Any) -> Any:
-        return run_on_hosts(hf, num_ranks, framework, body, launcher=launcher, **start_kwargs, **kwargs)
+    hosts: HostsFile | None = None
+    launcher: str = "ssh"
 
-    return run
+    @classmethod
+    def of(cls, hosts: Any = None, launcher: str = "ssh") -> "Placement":
+        """The placement of ``hosts`` (a hosts file, its path, :class:`~workbench.launch.hosts.Host` s, or a
+        Placement, returned as it is) through ``launcher``.
+
+        Raises:
+            ValueError: an unknown launcher, or hosts that do not load (named), before anything starts.
+        """
+        if isinstance(hosts, Placement):
+            return hosts
+        if hosts is None:
+            return cls(None, launcher)
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher={launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+        hf = as_hosts(hosts)
+        if launcher == "mpi":  # OpenMPI splits ssh's arguments on whitespace: refused now, before a run is recorded
+            try:
+                rsh_args(ssh_options(hf.ssh_config, 1))
+            except ValueError as err:
+                raise ValueError(f"hosts file {hf.source}: {err}" if hf.source else str(err)) from None
+        return cls(hf, launcher)
+
+    def runner(self, **start_kwargs: Any) -> Callable[..., Any]:
+        """``run(num_ranks, framework, body, *, may_retry)``: on local engines
+        (:func:`~workbench.launch.engines.run_on_fresh_ports`), or across the hosts (:func:`run_on_hosts`)."""
+        if self.hosts is None:
+            return run_on_fresh_ports
+
+        def run(num_ranks: int, framework: str, body: Callable[[RemoteEngineRun], Any], **kwargs: Any) -> Any:
+            return run_on_hosts(self.hosts, num_ranks, framework, body, launcher=self.launcher, **start_kwargs,
+                                **kwargs)
+
+        return run
+
+    def record(self) -> dict | None:
+        """What a benchmark's spec says of it: the launcher and each host's address and slots (None: here)."""
+        if self.hosts is None:
+            return None
+        return {"launcher": self.launcher, "hosts": [[h["address"], h["slots"]] for h in describe_hosts(self.hosts)]}
 
 
 def describe_hosts(hosts, slots: int | None = None) -> list[dict]:
@@ -266,5 +295,5 @@ def describe_hosts(hosts, slots: int | None = None) -> list[dict]:
              "python": h.python} for h in as_hosts(hosts, slots=slots).hosts]
 
 
-__all__ = ["LAUNCHERS", "RemoteEngineRun", "controller_address", "describe_hosts", "rank_identity", "run_on_hosts",
-           "runner_for", "start_remote_engines"]
+__all__ = ["LAUNCHERS", "Placement", "RemoteEngineRun", "controller_address", "describe_hosts", "rank_identity", "run_on_hosts",
+           "start_remote_engines"]
