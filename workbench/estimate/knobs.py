@@ -48,9 +48,76 @@ def _choice(knob: str, value: object, choices) -> None:
 class MemoryKnobs:
     """Everything :func:`~workbench.estimate.memory.estimate_memory` needs besides the model.
 
-    Field meanings, units and defaults are documented on ``estimate_memory``'s Args. Dtypes may be
-    given in any spelling :func:`~workbench.core.specs.canonical_dtype` accepts; ``param_dtype=None``
-    means the spec's single dtype (``bfloat16`` for a bare parameter count).
+    Dtypes may be given in any spelling :func:`~workbench.core.specs.canonical_dtype` accepts.
+
+    Attributes:
+        strategy: A registered strategy (:func:`workbench.strategies.get_strategy`): what it shards.
+        num_shards: N, the data-parallel degree (the shard degree of a replicated strategy: ``hsdp``).
+        num_replicas: R, the replica groups of a replicated strategy (``hsdp``); 1 otherwise.
+        world_size: If given, must equal ``num_shards * num_replicas``.
+        param_dtype: The parameters' dtype. Default: the spec's single dtype, ``bfloat16`` for a count.
+        grad_dtype: The gradients' dtype. Default: ``param_dtype``.
+        master_dtype: The optimizer's master copy; none if ``None`` or equal to ``param_dtype``. Default float32.
+        optimizer: A key of :data:`OPTIMIZER_NUM_STATES` (default ``adamw``).
+        optimizer_state_dtype: The dtype of the optimizer's states (default float32).
+        grad_accum_dtype: An extra gradient copy (fp32 accumulation; DeepSpeed's fp32 gradient
+            partition), sharded like the optimizer state; ``None``: none.
+        bucket_plan: Buffers from its largest bucket B (elements): DDP holds the concatenated bucket
+            (B; its all-reduced copy is the ``reduced_gradients`` row); reduce-scatter B and its B/N
+            result; all-gather B/N and B. Under ZeRO-3 the buckets are the units and these buffers
+            are the gathered unit.
+        shard_plan: Its worst rank's padding elements, times the bytes of every sharded state.
+        reshard_after_forward: ZeRO-3/HSDP: True holds one gathered unit (its parameters, and its
+            full gradient before the reduce-scatter: DeepSpeed's 4 B x largest layer in 16 bit);
+            False keeps all gathered parameters until backward. FSDP2's prefetch adds one unit more.
+        units: ZeRO-3 units ``{name: num_params}``; default: the buckets, else the spec's blocks
+            (:func:`largest_unit_params`), else none.
+        activation_bytes: Per rank and per micro-batch (the loop holds one micro-batch's at a time),
+            e.g. from :func:`estimate_activation_bytes` with the micro-batch's size. The caller's to
+            choose: deferred sync under ZeRO-3 runs the gathered model without recomputation, so pass
+            the activations of ``reshard_after_forward=False`` there.
+        update_copies: What the step writes beside the old arrays instead of in place.
+            ``"none"``: nothing (the ZeRO paper; PyTorch's in-place DDP/FSDP). ``"parameters"``:
+            a functional update as MLX's (the step returns a new parameter tree while the caller
+            holds the old: the full tree, or the shard under ZeRO-3; DDP's averaged gradients are a
+            second tree too; FSDP releases its gradient shards bucket by bucket as the new tree
+            fills, so they add nothing at the peak; optimizer state reuses its buffers).
+            ``"parameters_and_state"``: also new optimizer state and master weights (a jitted JAX
+            step without ``donate_argnums``).
+        num_microbatches: G, micro-batches per optimizer step. With G > 1 the ``gradient_accumulator``
+            row (``backward`` phase) holds the earlier micro-batches' summed gradient, in ``grad_dtype``,
+            beside the current one's (the ``gradients`` row), as the MLX trainers of
+            :mod:`workbench.adapters.mlx.accum` do; in the step the accumulator is the gradient the
+            update applies (the ``gradients`` row), so it is not counted there. DDP: full, in both modes.
+            Default 1: no accumulator, every row as without accumulation.
+        defer_sync: With G > 1: accumulate local gradients and synchronise once, after the final
+            micro-batch (True: the accumulator is unsharded; under ZeRO-3/HSDP every unit's parameters
+            stay gathered for the whole loop and the gathered model's full micro-batch gradient is held,
+            so ``gathered_unit`` is all parameters + the full gradient beyond the ``gradients`` row's
+            1/N, whatever ``reshard_after_forward``), or reduce-scatter every micro-batch (False: this
+            rank's 1/N of the accumulator; the other rows as at G = 1).
+        expert_parallel: ``None``: routed experts are sharded by FSDP like every other parameter.
+            An integer k >= 1: experts are outside the FSDP group, sharded by expert parallelism: expert
+            parameters (:func:`~workbench.core.presets.is_expert_param`) and their gradients, optimizer
+            state, update copies and accumulator are divided over k expert-parallel ranks (k = 1:
+            replicated on every rank) whatever the strategy; non-expert parameters as before. Needs a
+            :class:`ModelSpec` with expert parameters; the default ZeRO-3 unit then counts only
+            non-expert parameters, and ``bucket_plan``, ``shard_plan`` and ``units`` are taken as given
+            (plan them for the FSDP-sharded, non-expert parameters).
+        unit_buffers: ZeRO-3/HSDP with ``reshard_after_forward`` (and no deferred sync): what the
+            backward of the largest unit (U elements) holds beside the states.
+            ``"parameters_and_gradients"``: ``U * (pb + gb)``, its gathered parameters and full gradient
+            (DeepSpeed's 4 B x largest layer in 16 bit). ``"mlx"``: the buffers of
+            :class:`~workbench.adapters.mlx.zero3.ShardedUnit`'s backward, which gathers again and
+            recomputes: ``U * (2 * pb + gb * (2 + 2 / N))`` = the all-gathered bucket and the per-array
+            copies ``rebuild_arrays`` cuts from it (``2 U pb``), the unit's full gradient (``U gb``), and the
+            reduce-scatter's buffers (``U gb (1 + 2 / N)``: the N rows of the bucket as exchanged (the
+            all-gather of the 2-rank ring, ``sum_scatter``'s stacked input), this rank's row concatenated,
+            and their sum). Measured on 2 MLX ring ranks: ``tests/test_mlx_zero3.py``. ``"sum_scatter_ring"``
+            (without resharding: MLX's ``fully_shard`` on ring or MPI, ``sum_scatter`` supplied by the workbench's
+            ring reduce-scatter): beside every gathered unit and the largest unit's gradient, the reduce-scatter's
+            buffers: ``U gb (1 + 1/N)`` at 2 ranks (the exchange's two rows and the sum), ``2 U gb / N`` above (the
+            ring's chunks in flight). Measured: ``tests/test_fully_shard_runs.py``.
     """
 
     strategy: str = "fsdp"
