@@ -471,7 +471,8 @@ EXPLORERS = "explorers.ipynb"
 def reviewed_figures() -> dict:
     """The figures issue 18 found misleading, at the settings of its screenshots."""
     from workbench import plan_shards
-    from workbench.views.memory import estimate_breakdowns, fig_memory_breakdown
+    from workbench.estimate.grid import estimate_breakdowns
+    from workbench.views.memory import fig_memory_breakdown
     from workbench.views.plans import fig_bucket_layout, fig_buckets_vs_size, fig_layout_metrics
     from workbench.views.shard_map import fig_rank_load, fig_shard_map
 

@@ -8,20 +8,17 @@ import pytest
 
 from workbench.core.presets import get_preset
 from workbench.estimate.breakdown import PHASES
-from workbench.estimate.cases import explain_qwen_3_7b
+from workbench.estimate.cases import ZERO_FIGURE_1, estimator_table, explain_qwen_3_7b, zero_figure_1_table
+from workbench.estimate.grid import estimate_breakdowns
 from workbench.estimate.memory import estimate_memory
 from workbench.views.memory import (
     UNITS,
-    ZERO_FIGURE_1,
     breakdown_summary,
-    estimate_breakdowns,
-    estimator_table,
     fig_memory_breakdown,
     fig_memory_validation,
     fig_qwen_gap,
     fig_zero_figure_1,
     peak_label,
-    zero_figure_1_table,
 )
 from workbench.views.memory_explorer import build_memory_explorer
 

@@ -4,11 +4,29 @@ same ZeRO case by the ZeRO paper, the Ultra-Scale Playbook, DeepSpeed and the wo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 from workbench.core.checks import integer
 from workbench.estimate.breakdown import COMPONENTS, MemoryEstimate
 from workbench.estimate.knobs import count_knob
-from workbench.estimate.memory import estimate_memory
+from workbench.estimate.memory import compare_strategies, estimate_memory
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: The ZeRO paper's Figure 1 (arXiv:1910.02054): Psi = 7.5B, N_d = 64, K = 12, GB per device.
+ZERO_FIGURE_1 = {"ddp": ("Baseline", "(2 + 2 + K) Psi", 120.0),
+                 "zero1": ("P_os", "2 Psi + 2 Psi + K Psi / N_d", 31.4),
+                 "zero2": ("P_os+g", "2 Psi + (2 + K) Psi / N_d", 16.6),
+                 "zero3": ("P_os+g+p", "(2 + 2 + K) Psi / N_d", 1.9)}
+#: Mixed-precision Adam as in the ZeRO paper: fp16 parameters and gradients, K = 4 (fp32 master) + 8 (m, v).
+ZERO_PAPER_KNOBS = dict(param_dtype="float16", master_dtype="float32", optimizer="adam")
+#: Rows of :func:`estimator_table`: source -> field of :class:`~workbench.estimate.cases.EstimatorComparison`.
+ESTIMATOR_SOURCES = {"ZeRO paper": "theory_bytes", "Ultra-Scale Playbook": "theory_bytes",
+                     "DeepSpeed code": "deepspeed_code_bytes", "DeepSpeed docs": "deepspeed_docs_bytes",
+                     "workbench": "workbench_bytes"}
+PLAYBOOK_REASON = ("The Ultra-Scale Playbook's ZeRO section uses the paper's mixed-precision 2 Psi + 2 Psi + 12 Psi: "
+                   "the same numbers as theory.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,3 +151,35 @@ def compare_estimators(psi: int, num_shards: int, *, stage: int = 2,
     return EstimatorComparison(num_params=psi, num_shards=n, stage=stage, theory_bytes=theory,
                                deepspeed_code_bytes=code, deepspeed_docs_bytes=docs, workbench_bytes=ours,
                                reasons=reasons)
+
+
+def zero_figure_1_table(psi: int = 7_500_000_000, num_shards: int = 64) -> "pd.DataFrame":
+    """The paper's Figure 1 numbers (GB; they hold for the defaults) against the workbench, one row per ZeRO stage.
+
+    Columns: ``stage``, ``strategy``, ``formula``, ``paper_gb``, ``workbench_gb``, ``matches_paper`` (to 0.1 GB).
+    """
+    import pandas as pd
+
+    estimates = compare_strategies(psi, num_shards, tuple(ZERO_FIGURE_1), **ZERO_PAPER_KNOBS)
+    return pd.DataFrame([{"stage": stage, "strategy": s, "formula": formula, "paper_gb": paper,
+                          "workbench_gb": estimates[s].total_bytes / 1e9,
+                          "matches_paper": round(estimates[s].total_bytes / 1e9, 1) == paper}
+                         for s, (stage, formula, paper) in ZERO_FIGURE_1.items()])
+
+
+def estimator_table(psi: int, num_shards: int, *, largest_layer_params: int = 0,
+                    stages: Sequence[int] = (2, 3)) -> "pd.DataFrame":
+    """The same case by the ZeRO paper, the Ultra-Scale Playbook, DeepSpeed's code and docs, and the workbench.
+
+    Columns: ``stage``, ``source``, ``gb`` (10**9 bytes), ``gib`` (2**30: what DeepSpeed's
+    estimator prints), ``reason``. The playbook uses the paper's 2 Psi + 2 Psi + 12 Psi, so its row
+    equals the paper's. Per GPU, no offload (see :func:`~workbench.estimate.cases.compare_estimators`).
+    """
+    import pandas as pd
+
+    return pd.DataFrame([
+        {"stage": stage, "source": source, "gb": getattr(cmp, key) / 1e9, "gib": getattr(cmp, key) / 2**30,
+         "reason": PLAYBOOK_REASON if source == "Ultra-Scale Playbook" else cmp.reasons[key]}
+        for stage in stages
+        for cmp in [compare_estimators(psi, num_shards, stage=stage, largest_layer_params=largest_layer_params)]
+        for source, key in ESTIMATOR_SOURCES.items()])

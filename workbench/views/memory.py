@@ -3,29 +3,34 @@
 Every ``fig_*`` returns a plotly figure and never shows it; tables are pandas DataFrames. They
 only draw what :func:`~workbench.estimate.memory.estimate_memory`, :func:`~workbench.estimate.cases.explain_qwen_3_7b`,
 :func:`~workbench.estimate.cases.compare_estimators` and :func:`~workbench.studies.memory.memory_validation`
-computed, scaled to a display unit (:data:`UNITS`). A breakdown bar is the ``states`` rows plus the
+computed, scaled to a display unit (:data:`UNITS`); the published cases' tables are :mod:`workbench.estimate.cases`'
+and the grid of estimates :mod:`workbench.estimate.grid`. A breakdown bar is the ``states`` rows plus the
 rows of the transient phase that sets the peak, so its height is ``total_bytes``; the other phase,
-which never coexists with it, is a tick. The explorer wires controls to :func:`estimate_breakdowns`
-and :func:`fig_memory_breakdown` and computes nothing itself.
+which never coexists with it, is a tick. The explorer wires controls to
+:func:`~workbench.estimate.grid.estimate_breakdowns` and :func:`fig_memory_breakdown` and computes nothing itself.
 """
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.breakdown import COMPONENTS, PHASES, MemoryEstimate
-from workbench.estimate.cases import StrategyGap, compare_estimators
-from workbench.estimate.memory import compare_strategies, estimate_memory
+from workbench.estimate.cases import (  # noqa: F401  (the tables: notebooks import them from here too)
+    ZERO_FIGURE_1,
+    ZERO_PAPER_KNOBS,
+    StrategyGap,
+    estimator_table,
+    zero_figure_1_table,
+)
+from workbench.estimate.grid import estimate_breakdowns  # noqa: F401  (notebooks import it from here too)
+from workbench.estimate.memory import compare_strategies
 from workbench.views.style import figure, subplot_grid
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from workbench.core.resolve import ModelArg
 
 #: Display units: name -> bytes. GB is decimal, as the ZeRO paper and mlx-lm print.
 UNITS = {"GB": 10**9, "GiB": 2**30, "MB": 10**6, "MiB": 2**20}
@@ -33,75 +38,13 @@ COMPONENT_COLORS = dict(zip(COMPONENTS, (
     "#4C78A8", "#F58518", "#72B7B2", "#54A24B", "#EECA3B", "#C8C8C8",  # states
     "#FF9DA6", "#9ECAE9", "#88D27A", "#E45756", "#B279A2", "#D67195",  # step
     "#9D755D", "#BAB0AC", "#79706E")))  # backward
-#: The ZeRO paper's Figure 1 (arXiv:1910.02054): Psi = 7.5B, N_d = 64, K = 12, GB per device.
-ZERO_FIGURE_1 = {"ddp": ("Baseline", "(2 + 2 + K) Psi", 120.0),
-                 "zero1": ("P_os", "2 Psi + 2 Psi + K Psi / N_d", 31.4),
-                 "zero2": ("P_os+g", "2 Psi + (2 + K) Psi / N_d", 16.6),
-                 "zero3": ("P_os+g+p", "(2 + 2 + K) Psi / N_d", 1.9)}
-#: Mixed-precision Adam as in the ZeRO paper: fp16 parameters and gradients, K = 4 (fp32 master) + 8 (m, v).
-ZERO_PAPER_KNOBS = dict(param_dtype="float16", master_dtype="float32", optimizer="adam")
-#: Rows of :func:`estimator_table`: source -> field of :class:`~workbench.estimate.cases.EstimatorComparison`.
-ESTIMATOR_SOURCES = {"ZeRO paper": "theory_bytes", "Ultra-Scale Playbook": "theory_bytes",
-                     "DeepSpeed code": "deepspeed_code_bytes", "DeepSpeed docs": "deepspeed_docs_bytes",
-                     "workbench": "workbench_bytes"}
-PLAYBOOK_REASON = ("The Ultra-Scale Playbook's ZeRO section uses the paper's mixed-precision 2 Psi + 2 Psi + 12 Psi: "
-                   "the same numbers as theory.")
 #: Marker of the peak, by what sets it (:func:`peak_label`).
 PEAK_SYMBOLS = {"backward": "diamond", "step": "triangle-up", "states only": "circle"}
-
-EXPLORER_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3")
-POWERS_OF_TWO = tuple(2**k for k in range(11))
-
-
-def powers_between(low: int, high: int) -> tuple[int, ...]:
-    """The powers of two from ``low`` to ``high`` (both powers of two in 1..1024), the explorer's N values."""
-    if low not in POWERS_OF_TWO or high not in POWERS_OF_TWO or low > high:
-        raise ValueError(f"num_shards must be (low, high), powers of two in 1..1024 with low <= high; "
-                         f"got {(low, high)!r}.")
-    return POWERS_OF_TWO[POWERS_OF_TWO.index(low):POWERS_OF_TWO.index(high) + 1]
-
 
 def _scale(unit: str) -> int:
     if unit not in UNITS:
         raise ValueError(f"unit: unknown {unit!r}; choose one of {', '.join(UNITS)}.")
     return UNITS[unit]
-
-
-def estimate_breakdowns(model: "ModelArg", strategies: Sequence[str] = EXPLORER_STRATEGIES,
-                        num_shards: Sequence[int] = (8, 64), *, param_dtype: str = "bfloat16",
-                        master_dtype: str | None = "float32", optimizer: str = "adamw", micro_batch_size: int = 1,
-                        seq_len: int = 2048, update_copies: str = "none") -> list[MemoryEstimate]:
-    """:func:`estimate_memory` of a preset for each strategy and N (strategy-major), activations included.
-
-    Args:
-        model: A preset name of :mod:`workbench.core.presets` (its blocks are the ZeRO-3 units), a
-            ``config.json`` path or dict, or a :class:`~workbench.core.specs.ModelSpec` (from
-            ``spec_from_mlx``, ``spec_from_nnx``...; shapes only, so activations count 0).
-        strategies, num_shards: The grid; N is ranks (the data-parallel degree).
-        param_dtype, master_dtype, optimizer, update_copies: As :func:`estimate_memory` (optimizer states in fp32).
-        micro_batch_size, seq_len: Sequences per rank and tokens per sequence, for
-            :func:`estimate_activation_bytes` (Korthikanti et al., no recomputation).
-
-    Raises:
-        ValueError: naming the knob (``model``, ``num_shards``, ``strategy``, ``seq_len``...).
-    """
-    from workbench.core.presets import PRESETS, get_preset
-    from workbench.core.resolve import resolve_spec
-
-    if isinstance(model, str) and model not in PRESETS and not os.path.exists(model):
-        raise ValueError(f"model: unknown preset {model!r}; known: {', '.join(sorted(PRESETS))}.")
-    if not strategies or not num_shards:
-        raise ValueError(f"strategies and num_shards must be non-empty, got {strategies!r} and {num_shards!r}.")
-    try:
-        spec = get_preset(model, param_dtype) if isinstance(model, str) and model in PRESETS else None
-    except ValueError as err:
-        raise ValueError(f"param_dtype: {err}") from None
-    spec = spec or resolve_spec(model, dtype=param_dtype, argument="model")
-    # A ModelSpec holds shapes only: no hidden size or layers to estimate activations from.
-    act = 0 if isinstance(model, type(spec)) else estimate_activation_bytes(
-        seq_len=seq_len, micro_batch_size=micro_batch_size, config=model)
-    return [estimate_memory(spec, s, n, param_dtype=param_dtype, master_dtype=master_dtype, optimizer=optimizer,
-                            activation_bytes=act, update_copies=update_copies) for s in strategies for n in num_shards]
 
 
 def peak_label(estimate: MemoryEstimate) -> str:
@@ -190,20 +133,6 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
     return figure(traces, layout, title, height)
 
 
-def zero_figure_1_table(psi: int = 7_500_000_000, num_shards: int = 64) -> "pd.DataFrame":
-    """The paper's Figure 1 numbers (GB; they hold for the defaults) against the workbench, one row per ZeRO stage.
-
-    Columns: ``stage``, ``strategy``, ``formula``, ``paper_gb``, ``workbench_gb``, ``matches_paper`` (to 0.1 GB).
-    """
-    import pandas as pd
-
-    estimates = compare_strategies(psi, num_shards, tuple(ZERO_FIGURE_1), **ZERO_PAPER_KNOBS)
-    return pd.DataFrame([{"stage": stage, "strategy": s, "formula": formula, "paper_gb": paper,
-                          "workbench_gb": estimates[s].total_bytes / 1e9,
-                          "matches_paper": round(estimates[s].total_bytes / 1e9, 1) == paper}
-                         for s, (stage, formula, paper) in ZERO_FIGURE_1.items()])
-
-
 def fig_zero_figure_1(psi: int = 7_500_000_000, num_shards: int = 64, *, height: int = 420) -> go.Figure:
     """The ZeRO paper's Figure 1 as stacked bars, with the paper's printed numbers as markers."""
     estimates = compare_strategies(psi, num_shards, tuple(ZERO_FIGURE_1), **ZERO_PAPER_KNOBS)
@@ -252,24 +181,6 @@ def fig_qwen_gap(gap: StrategyGap, *, unit: str = "GB", height: int = 460) -> go
     layout.update(barmode="stack", yaxis=dict(layout["yaxis"], title=dict(text=unit)),
                   yaxis2=dict(layout["yaxis2"], title=dict(text=unit)))
     return figure(traces, layout, title, height)
-
-
-def estimator_table(psi: int, num_shards: int, *, largest_layer_params: int = 0,
-                    stages: Sequence[int] = (2, 3)) -> "pd.DataFrame":
-    """The same case by the ZeRO paper, the Ultra-Scale Playbook, DeepSpeed's code and docs, and the workbench.
-
-    Columns: ``stage``, ``source``, ``gb`` (10**9 bytes), ``gib`` (2**30: what DeepSpeed's
-    estimator prints), ``reason``. The playbook uses the paper's 2 Psi + 2 Psi + 12 Psi, so its row
-    equals the paper's. Per GPU, no offload (see :func:`~workbench.estimate.cases.compare_estimators`).
-    """
-    import pandas as pd
-
-    return pd.DataFrame([
-        {"stage": stage, "source": source, "gb": getattr(cmp, key) / 1e9, "gib": getattr(cmp, key) / 2**30,
-         "reason": PLAYBOOK_REASON if source == "Ultra-Scale Playbook" else cmp.reasons[key]}
-        for stage in stages
-        for cmp in [compare_estimators(psi, num_shards, stage=stage, largest_layer_params=largest_layer_params)]
-        for source, key in ESTIMATOR_SOURCES.items()])
 
 
 def _worst_rows(table: "pd.DataFrame") -> "pd.DataFrame":

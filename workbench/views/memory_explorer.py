@@ -1,4 +1,4 @@
-"""The memory explorer: controls wired to :func:`~workbench.views.memory.estimate_breakdowns` and the
+"""The memory explorer: controls wired to :func:`~workbench.estimate.grid.estimate_breakdowns` and the
 breakdown figure, for a preset or a user's config (notebook 03)."""
 
 from __future__ import annotations
@@ -10,13 +10,8 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, UPDATE_COPIES
-from workbench.views.memory import (
-    POWERS_OF_TWO,
-    breakdown_summary,
-    estimate_breakdowns,
-    fig_memory_breakdown,
-    powers_between,
-)
+from workbench.estimate.grid import POWERS_OF_TWO, estimate_breakdowns, powers_between
+from workbench.views.memory import breakdown_summary, fig_memory_breakdown
 from workbench.views.style import TEMPLATE
 from workbench.views.widget_sync import sync_figure_widget
 from workbench.views.widgets import FIGURE_WIDTH
