@@ -1,0 +1,178 @@
+"""A model's profile in one process (issue 26): the line fitted to it, its cache key, its record on disk (a
+corrupt one is named and kept), and the run estimate made from it."""
+
+import json
+
+import pytest
+
+from workbench.estimate.profile_fit import fit_from_dict, fit_linear
+from workbench.launch.plan import thread_env
+from workbench.launch.profile import default_micro_batch_sizes, profile_model
+from workbench.runs.estimate import estimate_run_memory
+from workbench.runs.profile import (
+    ProfileError,
+    estimate_with_profile,
+    load_profile,
+    profile_from_measurements,
+    profile_key,
+    profile_key_fields,
+    profile_path,
+    save_profile,
+)
+from workbench.runs.spec import RunSpec
+from workbench.runs.tables import load_runs
+
+LM = dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)
+
+
+def measured(**kw):
+    """What a profiling program writes, for a model whose activations are 1000 + 5000 b bytes."""
+    return {"micro_batch_sizes": [2, 4, 8], "activation_samples": [[11_000, 10_900], [21_000, 20_000], [41_000, 41_000]],
+            "compute_s_samples": [[0.2, 0.4, 0.3], [0.5, 0.5, 0.6], [1.0, 0.9, 1.1]], "parameter_bytes": 4000,
+            "gradient_bytes": 4000, "optimizer_state_bytes": 8000, "update_s": 0.002, "truth_source": "test",
+            "plan_activation_bytes": None, "peak_rss_bytes": 10**8, "peak_array_bytes": 10**6, "versions": {}, **kw}
+
+
+def test_the_fit_is_the_least_squares_line_and_keeps_its_residual():
+    two = fit_linear([2, 4], [10.0, 20.0])
+    assert (two.intercept, two.slope, two.max_residual, two.num_points) == (0.0, 5.0, 0.0, 2)
+    three = fit_linear([1, 2, 3], [1.0, 3.0, 2.0])  # the least-squares line is 1 + 0.5 x
+    assert three.intercept == pytest.approx(1.0) and three.slope == pytest.approx(0.5)
+    assert three.max_residual == pytest.approx(1.0) and three.at(4) == pytest.approx(3.0)
+    assert three.extrapolates(4) and not three.extrapolates(2.5)
+    assert fit_from_dict(three.to_dict(), what="x") == three
+    with pytest.raises(ValueError, match="activation_bytes: a line needs two or more distinct micro-batch sizes"):
+        fit_linear([4, 4], [1.0, 2.0], what="activation_bytes")
+    with pytest.raises(ValueError, match="compute_s: 1 values for 2 micro-batch sizes"):
+        fit_linear([1, 2], [1.0], what="compute_s")
+    with pytest.raises(ValueError, match="finite"):
+        fit_linear([1, 2], [1.0, float("nan")])
+
+
+def test_a_profile_fits_the_largest_activation_and_the_median_seconds_of_each_size():
+    profile = profile_from_measurements(measured(), {"framework": "mlx"}, cost_s=3.5)
+    assert profile.activation_fit.slope == pytest.approx(5000) and profile.activation_fit.intercept == pytest.approx(1000)
+    assert profile.activation_bytes_at(16) == 81_000 and profile.activation_fit.max_residual == pytest.approx(0, abs=1e-6)
+    assert profile.compute_s_at(8) == pytest.approx(1.0, abs=0.05) and profile.update_s_per_param_byte == 0.002 / 4000
+    assert (profile.cost_s, profile.cost_peak_rss_bytes) == (3.5, 10**8)
+
+
+def test_the_cache_key_follows_everything_the_measurement_depends_on():
+    base = RunSpec(model=LM)
+    fields = profile_key_fields(base, threads=1)
+    assert fields["model"] == {"lm": LM} and fields["threads"] == 1 and fields["framework_version"]
+    assert profile_key(fields) == profile_key(profile_key_fields(RunSpec(model=LM), threads=1))
+    # the strategy, ranks and batch are not the model's: one profile serves them all
+    assert profile_key(fields) == profile_key(profile_key_fields(RunSpec(model=LM, strategy="fsdp-row", num_ranks=4,
+                                                                         global_batch=32), threads=1))
+    others = [profile_key_fields(base, threads=2), profile_key_fields(RunSpec(model=LM, precision="bfloat16"), 1),
+              profile_key_fields(RunSpec(model={**LM, "seq_len": 64}), 1),
+              profile_key_fields(RunSpec(model=LM, framework="jax"), 1),
+              profile_key_fields(RunSpec(model=LM, optimizer="sgd"), 1)]
+    assert len({profile_key(fields), *map(profile_key, others)}) == 6
+    user = RunSpec(model_factory="examples.tiny_mlp_lm:mlx_factory", model=dict(vocab_size=256, seq_len=32))
+    user_fields = profile_key_fields(user, 1)
+    assert user_fields["model"] == {"factory": "examples.tiny_mlp_lm:mlx_factory",
+                                    "source_sha256": user.model_source_sha256}
+    assert profile_key(profile_key_fields({**user.to_dict(), "model_source_sha256": "0" * 64}, 1)) != profile_key(user_fields)
+    path = profile_path("/runs", fields)
+    assert path.parent.name == ".profiles" and path.name == f"mlx-{profile_key(fields)}.json"
+
+
+def test_a_stored_profile_comes_back_equal_and_the_run_tables_pass_over_it(tmp_path):
+    fields = profile_key_fields(RunSpec(model=LM), 1)
+    profile = profile_from_measurements(measured(), fields, cost_s=2.0)
+    path = save_profile(profile_path(tmp_path, fields), profile)
+    assert load_profile(path) == profile
+    assert load_runs(tmp_path).problems == []  # .profiles is no run
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{not json", "cannot be read as JSON"),
+    ('{"version": 99}', "not a profile of version 1"),
+    ("[1, 2]", "not a profile of version 1"),
+])
+def test_a_corrupt_cache_file_is_an_error_naming_it_and_is_kept(tmp_path, text, why):
+    spec = RunSpec(model=LM)
+    path = profile_path(tmp_path, profile_key_fields(spec, int(thread_env(2)["OMP_NUM_THREADS"])))
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(ProfileError, match=why) as err:
+        profile_model(spec, tmp_path, ranks_per_host=2)  # the threads of 2 ranks on this host: this file's key
+    assert str(path) in str(err.value) and "refresh=True" in str(err.value) and err.value.path == path
+    assert path.read_text() == text  # not overwritten, not measured again
+
+
+def test_an_edited_profile_is_refused_naming_what_no_longer_holds(tmp_path):
+    fields = profile_key_fields(RunSpec(model=LM), 1)
+    path = save_profile(profile_path(tmp_path, fields), profile_from_measurements(measured(), fields, cost_s=2.0))
+    data = json.loads(path.read_text())
+    data["activation_samples"][2] = [1, 1]  # a sample changed, the stored fit not
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="stored fits are not the fits of its samples"):
+        load_profile(path)
+    data = json.loads(path.read_text())
+    del data["parameter_bytes"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="field is missing or malformed.*parameter_bytes"):
+        load_profile(path)
+    data["key_fields"]["threads"] = 7
+    path.write_text(json.dumps({**data, "parameter_bytes": 4000}))
+    with pytest.raises(ProfileError, match="not the hash of its key_fields"):
+        load_profile(path)
+
+
+def test_the_estimate_takes_the_profiles_activations_for_the_runs_micro_batch():
+    spec = RunSpec(model_factory="examples.tiny_mlp_lm:mlx_factory", model=dict(vocab_size=256, seq_len=32),
+                   global_batch=16, num_ranks=2)  # 8 sequences per rank
+    shapes = [["embed.weight", [256, 32], "float32"], ["head.weight", [256, 32], "float32"]]
+    profile = profile_from_measurements(measured(), profile_key_fields(spec, 1), cost_s=1.0)
+    before, after = estimate_run_memory(spec, shapes), estimate_with_profile(spec, profile, shapes)
+    assert after["activations"] == 41_000 and before["activations"] == 2 * 32 * 8 * 256 * 4  # the logits only
+    assert [c.name for c in after.components] == [c.name for c in before.components]
+    assert {c.name: c.rank_bytes for c in after.components if c.name != "activations"} == \
+        {c.name: c.rank_bytes for c in before.components if c.name != "activations"}
+    assert after.total_bytes == after.phase_bytes("states") + max(after.phase_bytes("step"), after.phase_bytes("backward"))
+    assert "profiled" in next(c.formula for c in after.components if c.name == "activations")
+    with pytest.raises(ValueError, match="another model, framework .*framework: 'mlx', not 'jax'"):
+        estimate_with_profile(RunSpec(**{**spec.to_dict(), "framework": "jax",
+                                         "model_factory": "examples.tiny_mlp_lm:jax_factory"}), profile, shapes)
+    with pytest.raises(ValueError, match="seq_len"):
+        estimate_with_profile(RunSpec(**{**spec.to_dict(), "model": dict(vocab_size=256, seq_len=16)}), profile, shapes)
+
+
+def test_a_strategy_that_recomputes_blocks_scales_the_profiled_activations_by_the_formulas_ratio():
+    ddp, full = RunSpec(model=LM, global_batch=16), RunSpec(model=LM, global_batch=16, strategy="fsdp-full")
+    profile = profile_from_measurements(measured(), profile_key_fields(ddp, 1), cost_s=1.0)
+    assert estimate_with_profile(ddp, profile)["activations"] == 41_000
+    ratio = estimate_run_memory(full)["activations"] / estimate_run_memory(ddp)["activations"]
+    assert ratio < 1 and estimate_with_profile(full, profile)["activations"] == round(41_000 * ratio)
+
+
+def test_the_default_sizes_are_the_runs_micro_batch_its_half_and_quarter():
+    assert default_micro_batch_sizes(8) == (2, 4, 8)
+    assert default_micro_batch_sizes(2) == (1, 2)
+    assert default_micro_batch_sizes(1) == (1, 2)
+    with pytest.raises(ValueError, match="micro_batch_sizes=.*two or more distinct"):
+        profile_model(RunSpec(model=LM), "/nonexistent-root", micro_batch_sizes=(4, 4))
+
+
+def test_the_attention_example_is_one_model_in_both_frameworks():
+    """examples/tiny_attention_lm (issue 26's model): same parameters and the same loss in MLX and JAX."""
+    import jax.numpy as jnp
+    import mlx.core as mx
+    import numpy as np
+
+    from examples import tiny_attention_lm as example
+    from workbench.adapters.jax.base import spec_from_nnx
+    from workbench.adapters.mlx.base import spec_from_mlx
+    from workbench.ranks.user_model import nnx_flat_params
+
+    (mlx_model, mlx_loss), (jax_model, jax_loss) = example.mlx_factory(seed=3), example.jax_factory(seed=3)
+    shapes = {p: tuple(s) for p, s in example.param_shapes().items()}
+    assert {p.path: p.shape for p in spec_from_mlx(mlx_model)} == {p.path: p.shape for p in spec_from_nnx(jax_model)} \
+        == shapes and sum(int(np.prod(s)) for s in shapes.values()) == 309_120
+    tokens = np.random.default_rng(0).integers(0, example.VOCAB_SIZE, (2, example.SEQ_LEN + 1))
+    loss_m = mlx_loss(mlx_model, mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]))
+    loss_j = jax_loss(nnx_flat_params(jax_model), (jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])))
+    np.testing.assert_allclose(float(loss_m), float(loss_j), rtol=1e-5)

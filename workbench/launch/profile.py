@@ -1,0 +1,124 @@
+"""Profile a run's model once, on one process, and keep the profile beside the runs (issue 26).
+
+:func:`profile_model` returns the cached :class:`~workbench.runs.profile.ModelProfile` of a run's model, or
+measures it: ``python -m workbench.ranks.profile_mlx`` (or ``profile_jax``) in a subprocess with the thread
+pools a rank of the run gets (:func:`~workbench.launch.plan.thread_env`), bounded by ``timeout_s``, in a
+session of its own that is ended with the call (and that ends itself if this process dies). The profile
+records what it cost: its wall seconds and the profiling process's peak memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from workbench.launch.plan import thread_env
+from workbench.runs.profile import (
+    ModelProfile,
+    load_profile,
+    profile_from_measurements,
+    profile_key_fields,
+    profile_path,
+    save_profile,
+)
+
+#: The program that measures each framework's model.
+PROFILE_PROGRAMS = {"mlx": "workbench.ranks.profile_mlx", "jax": "workbench.ranks.profile_jax"}
+
+
+def default_micro_batch_sizes(micro_batch_size: int) -> tuple[int, ...]:
+    """The run's micro-batch, its half and its quarter (at least two distinct sizes: 1 gives 1 and 2)."""
+    sizes = sorted({max(1, micro_batch_size // 4), max(1, micro_batch_size // 2), micro_batch_size})
+    return tuple(sizes) if len(sizes) > 1 else (1, 2)
+
+
+def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequence[int] | None = None,
+                  repeats: int = 2, ranks_per_host: int | None = None, refresh: bool = False,
+                  timeout_s: float = 600.0) -> ModelProfile:
+    """The profile of ``spec``'s model (a :class:`~workbench.runs.spec.RunSpec`), from the cache or measured now.
+
+    Args:
+        spec: The run whose model, precision, tokens, optimizer and framework are profiled.
+        runs_root: The run store's folder; the profile is ``<runs_root>/.profiles/<framework>-<key>.json``.
+        micro_batch_sizes: Sizes to measure (default :func:`default_micro_batch_sizes` of the run's). Ignored
+            when a cached profile is used: its line serves every size.
+        repeats: Measurements per size (activations: their largest; seconds: their median).
+        ranks_per_host: Ranks sharing this machine (default ``spec.num_ranks``): the profile runs with one
+            rank's share of the cores, and the threads are part of the cache key.
+        refresh: Measure even if a profile is cached (and replace it).
+        timeout_s: Longest the profiling process may take, in seconds.
+
+    Raises:
+        ProfileError: the cached file cannot be read as a profile (named; it is left as it was).
+        ValueError: a bad argument (named).
+        TimeoutError: the profile took longer than ``timeout_s`` (its process is killed; nothing is stored).
+        RuntimeError: the profiling process failed; the message ends with its output.
+    """
+    threads_env = thread_env(ranks_per_host or spec.num_ranks)
+    threads = threads_env["OMP_NUM_THREADS"]
+    key_fields = profile_key_fields(spec, int(threads) if threads.isdigit() else threads)
+    path = profile_path(runs_root, key_fields)
+    if path.exists() and not refresh:
+        return load_profile(path)
+    sizes = tuple(micro_batch_sizes) if micro_batch_sizes is not None else default_micro_batch_sizes(
+        spec.micro_batch_size)
+    if len(set(sizes)) < 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"micro_batch_sizes={sizes!r}: two or more distinct integers >= 1 (a line needs two points)")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: an integer >= 1")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s={timeout_s!r}: a number of seconds > 0")
+    env = {**os.environ, **threads_env}
+    if spec.framework == "jax":  # as plan_launch gives a JAX rank: one CPU device, unless a platform is chosen
+        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                   JAX_PLATFORMS=env.get("JAX_PLATFORMS") or "cpu")
+    with tempfile.TemporaryDirectory(prefix="wb-profile-") as tmp:
+        spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "profile.json"
+        spec_file.write_text(json.dumps(spec.to_dict()))
+        argv = [sys.executable, "-m", PROFILE_PROGRAMS[spec.framework], "--spec", str(spec_file),
+                "--sizes", ",".join(str(b) for b in sorted(set(sizes))), "--repeats", str(repeats),
+                "--out", str(out_file)]
+        t0 = time.perf_counter()
+        output = _run_bounded(argv, env, timeout_s, what=f"the {spec.framework} profile of {_model_name(spec)}")
+        cost_s = time.perf_counter() - t0
+        if not out_file.is_file():
+            raise RuntimeError(f"the {spec.framework} profile of {_model_name(spec)} wrote no result; its output "
+                               f"ended:\n{output[-2000:]}")
+        measured = json.loads(out_file.read_text())
+    profile = profile_from_measurements(measured, key_fields, cost_s)
+    save_profile(path, profile)
+    return profile
+
+
+def _model_name(spec: Any) -> str:
+    return spec.model_factory or f"the built-in LM {dict(spec.model)}"
+
+
+def _run_bounded(argv: list[str], env: dict[str, str], timeout_s: float, *, what: str) -> str:
+    """Run ``argv`` in a session of its own, output to a file; return that output. Whatever happens, the
+    session is killed before returning (nothing the program started outlives the call)."""
+    with tempfile.TemporaryFile() as log:
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{what} took longer than timeout_s={timeout_s:g} s (its process was stopped; "
+                               "nothing was stored)") from None
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        log.seek(0)
+        output = log.read().decode("utf-8", "replace")
+    if code != 0:
+        raise RuntimeError(f"{what} failed (exit code {code}); its output ended:\n{output[-2000:]}")
+    return output

@@ -1,0 +1,128 @@
+"""``python -m workbench.ranks.profile_jax``: measure a JAX model once, on one process (issue 26).
+
+The model is the run's (:func:`~workbench.ranks.user_model.jax_params_and_loss`), its optimizer the run's
+(optax, :func:`workbench.adapters.jax.base.make_optimizer`). At each micro-batch size, the jitted
+``jax.value_and_grad(loss_fn)`` is compiled for that batch, and two numbers are taken:
+
+* the plan: XLA's ``memory_analysis()`` of the compiled program: outputs + temporaries - aliased, less the
+  gradients (the arguments, parameters and batch, are live before it runs);
+* the truth: how far one call raises the process's resident high-water mark (``VmHWM``, reset through
+  ``/proc/self/clear_refs``, the allocator's free pages released first:
+  :func:`~workbench.ranks.profile_probe.rss_above`),
+  less the gradients, with every large buffer mapped on its own
+  (:func:`~workbench.ranks.profile_probe.map_large_allocations`). XLA on CPU keeps no allocator statistics,
+  so this is what the process really touched.
+
+Also timed: forward and backward (seconds, the compiled call), and the jitted optimizer update of the whole
+model (seconds). Started by :func:`workbench.launch.profile.profile_model` with the threads a rank will have.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+
+from workbench.ranks.probes import package_versions
+from workbench.ranks.profile_probe import (
+    GLIBC_MMAP_THRESHOLD_MAX,
+    exit_with_parent,
+    load_spec,
+    map_large_allocations,
+    median,
+    parse_profile_args,
+    rss_above,
+    status_bytes,
+    thread_count,
+    token_batch,
+    write_result,
+)
+from workbench.ranks.user_model import jax_params_and_loss
+
+
+def _nbytes(tree) -> int:
+    import jax
+
+    return int(sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
+
+
+def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
+    """The profile's measurements of ``spec``'s JAX model (plain data; see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from workbench.adapters.jax.base import make_optimizer
+
+    host_params, loss_fn = jax_params_and_loss(spec)
+    params = {k: jnp.asarray(v) for k, v in host_params.items()}
+    del host_params
+    opt = make_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
+    state = opt.init(params)
+    grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+
+    @jax.jit
+    def update(grads, state, params):
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    param_bytes, state_bytes = _nbytes(params), _nbytes(state)
+    map_large_allocations()  # before any large buffer: each gets pages of its own, and the mark sees them
+    programs, planned, activation, peak_rss = {}, [], [], 0
+    for b in sizes:
+        batch = tuple(jnp.asarray(a) for a in token_batch(spec, b))
+        compiled = grad_fn.lower(params, batch).compile()
+        stats = compiled.memory_analysis()
+        loss, grads = jax.block_until_ready(compiled(params, batch))  # the first call: not measured
+        gradient_bytes = _nbytes(grads)
+        del loss, grads
+        planned.append(None if stats is None else int(stats.output_size_in_bytes + stats.temp_size_in_bytes
+                                                      - stats.alias_size_in_bytes - gradient_bytes))
+        samples = []
+        for _ in range(repeats):
+            gc.collect()
+            peak_rss = max(peak_rss, status_bytes("VmHWM") or 0)
+            above, out = rss_above(lambda: jax.block_until_ready(compiled(params, batch)))
+            samples.append(None if above is None else int(above - gradient_bytes))
+            del out
+        activation.append(samples)
+        programs[b] = compiled, batch
+    map_large_allocations(GLIBC_MMAP_THRESHOLD_MAX)  # the times with the heap reuse of glibc's own default
+    compute, update_s = [], []
+    for b in sizes:
+        compiled, batch = programs[b]
+        loss, grads = jax.block_until_ready(compiled(params, batch))  # warm: not timed
+        if not update_s:  # the update, once compiled, timed on these gradients
+            jax.block_until_ready(update(grads, state, params))
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                jax.block_until_ready(update(grads, state, params))
+                update_s.append(time.perf_counter() - t0)
+        del loss, grads
+        seconds = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(params, batch))
+            seconds.append(time.perf_counter() - t0)
+        compute.append(seconds)
+    truth = all(s is not None for row in activation for s in row)
+    return {"framework": "jax", "threads": thread_count(), "micro_batch_sizes": list(sizes),
+            "parameter_bytes": param_bytes, "gradient_bytes": param_bytes, "optimizer_state_bytes": state_bytes,
+            # where the high-water mark cannot be reset, the plan stands in for the truth (and says so)
+            "activation_samples": activation if truth else [[p] for p in planned],
+            "compute_s_samples": compute, "update_s": median(update_s),
+            "truth_source": "VmHWM above VmRSS (clear_refs), less the gradients" if truth else
+            "XLA memory_analysis (the process's high-water mark could not be reset)",
+            "plan_activation_bytes": planned, "peak_array_bytes": None,
+            "peak_rss_bytes": max(peak_rss, status_bytes("VmHWM") or 0), "versions": package_versions()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_profile_args(argv, "Profile a JAX model on one process (workbench issue 26).")
+    exit_with_parent()
+    write_result(args.out, measure_jax(load_spec(args.spec), args.sizes, args.repeats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""``python -m workbench.ranks.profile_mlx``: measure an MLX model once, on one process (issue 26).
+
+The model is the run's (:func:`~workbench.ranks.user_model.mlx_model_and_loss`: the built-in LM or the
+user's factory), its optimizer the run's. One update first, so the optimizer state exists as in every step
+after a run's first. Then, at each micro-batch size, ``repeats`` times: forward and backward exactly as the
+trainers run them (:func:`~workbench.adapters.mlx.accum.accumulate_microbatches`: ``nn.value_and_grad``,
+loss and gradients evaluated together), between ``mx.reset_peak_memory()`` and ``mx.get_peak_memory()``.
+The activation bytes of a measurement are that peak above the arrays live before it (parameters, optimizer
+state, the batch), less the gradients it produced (a run's estimate counts those as a state). Also timed:
+forward and backward (seconds), and the optimizer's update of the whole model (seconds, over the parameter
+bytes). Started by :func:`workbench.launch.profile.profile_model` with the threads a rank will have.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+
+from workbench.ranks.probes import package_versions, peak_rss_bytes, tree_nbytes
+from workbench.ranks.profile_probe import (
+    exit_with_parent,
+    load_spec,
+    median,
+    parse_profile_args,
+    thread_count,
+    token_batch,
+    write_result,
+)
+from workbench.ranks.user_model import mlx_model_and_loss
+
+
+def measure_mlx(spec, sizes: list[int], repeats: int) -> dict:
+    """The profile's measurements of ``spec``'s MLX model (plain data; see the module docstring)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from workbench.adapters.mlx.accum import accumulate_microbatches
+    from workbench.adapters.mlx.base import make_optimizer
+    from workbench.adapters.mlx.fsdp import optimizer_state_bytes
+
+    model, loss_fn = mlx_model_and_loss(spec)
+    opt = make_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
+    value_and_grad = nn.value_and_grad(model, loss_fn)
+
+    def backward(b: int):
+        inputs, targets = (mx.array(a) for a in token_batch(spec, b))
+        mx.eval(inputs, targets)
+        return lambda: accumulate_microbatches(value_and_grad, model, [(inputs, targets)], None)
+
+    _, grads, _ = backward(sizes[0])()
+    gradient_bytes = tree_nbytes(grads)
+    update_s = []
+    for _ in range(repeats + 1):  # the first creates the optimizer state: not timed
+        t0 = time.perf_counter()
+        model.update(opt.apply_gradients(grads, model.trainable_parameters()))
+        mx.eval(model.parameters(), opt.state)
+        update_s.append(time.perf_counter() - t0)
+    del grads
+    activation, compute, peak_array = [], [], 0
+    for b in sizes:
+        run, samples, seconds = backward(b), [], []
+        for _ in range(repeats):
+            gc.collect()
+            base = mx.get_active_memory()
+            mx.reset_peak_memory()
+            t0 = time.perf_counter()
+            loss, grads, _ = run()
+            seconds.append(time.perf_counter() - t0)
+            peak = mx.get_peak_memory()
+            peak_array = max(peak_array, peak)
+            samples.append(int(peak - base - gradient_bytes))
+            del loss, grads
+        activation.append(samples)
+        compute.append(seconds)
+    return {"framework": "mlx", "threads": thread_count(), "micro_batch_sizes": list(sizes),
+            "parameter_bytes": tree_nbytes(model.trainable_parameters()), "gradient_bytes": gradient_bytes,
+            "optimizer_state_bytes": optimizer_state_bytes(opt), "activation_samples": activation,
+            "compute_s_samples": compute, "update_s": median(update_s[1:]),
+            "truth_source": "mx.get_peak_memory above the live arrays, less the gradients",
+            "plan_activation_bytes": None, "peak_array_bytes": int(peak_array), "peak_rss_bytes": peak_rss_bytes(),
+            "versions": package_versions()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_profile_args(argv, "Profile an MLX model on one process (workbench issue 26).")
+    exit_with_parent()
+    write_result(args.out, measure_mlx(load_spec(args.spec), args.sizes, args.repeats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

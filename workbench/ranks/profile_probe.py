@@ -1,0 +1,158 @@
+"""What the two profiling programs share: their command line, their inputs, and the process's real memory.
+
+``python -m workbench.ranks.profile_mlx`` and ``... profile_jax`` (started by
+:func:`workbench.launch.profile.profile_model`) read the run's spec from a JSON file, measure the model
+at each micro-batch size, and write one JSON object. The process's resident memory is read from
+``/proc/self/status`` (``VmRSS``, ``VmHWM``), and its high-water mark reset by writing ``5`` to
+``/proc/self/clear_refs`` (Linux 4.0+); :func:`release_free_memory` first hands the allocator's free pages
+back (glibc's ``malloc_trim``) and :func:`map_large_allocations` makes every large buffer pages of its own,
+so memory freed by an earlier measurement is touched again, and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from workbench.core.units import MiB
+from workbench.runs.atomic import write_atomic
+from workbench.runs.spec import RunSpec
+
+
+def parse_profile_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    """``--spec FILE`` (a RunSpec's dict, JSON), ``--sizes 2,4,8``, ``--repeats N``, ``--out FILE``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spec", required=True, help="JSON file of the run's RunSpec.to_dict()")
+    parser.add_argument("--sizes", required=True, help="micro-batch sizes, comma-separated, e.g. 2,4,8")
+    parser.add_argument("--repeats", type=int, default=2, help="measurements per size (the peak is their max)")
+    parser.add_argument("--out", required=True, help="where the JSON result is written")
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: comma-separated integers")
+    if not args.sizes or min(args.sizes) < 1 or args.repeats < 1:
+        parser.error("--sizes must be integers >= 1 and --repeats >= 1")
+    return args
+
+
+def exit_with_parent() -> None:
+    """End this process (status 3) as soon as the process that started it is gone: nothing outlives its owner."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def load_spec(path: str) -> RunSpec:
+    """The run's spec, rebuilt (and so validated again: a model source changed since is refused)."""
+    with open(path, encoding="utf-8") as f:
+        return RunSpec(**json.load(f))
+
+
+def token_batch(spec: RunSpec, micro_batch_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(inputs, targets)``, ``(b, seq_len)`` int32 tokens below ``vocab_size`` (memory and time do not
+    depend on which tokens)."""
+    rng = np.random.default_rng(seed + micro_batch_size)
+    tokens = rng.integers(0, spec.model["vocab_size"], (micro_batch_size, spec.model["seq_len"] + 1), dtype=np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def status_bytes(field: str) -> int | None:
+    """``field`` of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes; None where there is no such file."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+def release_free_memory() -> None:
+    """Return the C allocator's free pages to the system (glibc's ``malloc_trim(0)``; elsewhere nothing)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+#: glibc's ``mallopt`` parameter for the size from which ``malloc`` maps memory of its own (``M_MMAP_THRESHOLD``).
+M_MMAP_THRESHOLD = -3
+#: The largest threshold glibc's dynamic rule reaches on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): a warm process's.
+GLIBC_MMAP_THRESHOLD_MAX = 32 * MiB
+
+
+def map_large_allocations(threshold_bytes: int = 64 * 1024) -> bool:
+    """Make glibc's ``malloc`` map every block of ``threshold_bytes`` or more on its own and unmap it when freed
+    (a fixed ``M_MMAP_THRESHOLD``: by default glibc raises it to the largest block freed, and keeps later blocks
+    of that size in its heap, where a buffer reuses pages already resident and no high-water mark sees it).
+    Afterwards resident memory follows the live buffers; call it before the buffers are first allocated.
+    Slower to allocate: time with :data:`GLIBC_MMAP_THRESHOLD_MAX` instead. False where there is no glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold_bytes))
+    except (OSError, AttributeError):
+        return False
+
+
+def reset_high_water_mark() -> bool:
+    """Set ``VmHWM`` to the current ``VmRSS`` (write ``5`` to ``/proc/self/clear_refs``); False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+@functools.cache
+def high_water_mark_resets() -> bool:
+    """Whether this kernel resets ``VmHWM`` (tried once): 64 MiB touched and freed raise it, and a reset must
+    bring it back near ``VmRSS`` (other threads may touch or free a few pages meanwhile)."""
+    block = np.ones(64 * MiB // 8)
+    del block
+    release_free_memory()
+    if not reset_high_water_mark():
+        return False
+    hwm, rss = status_bytes("VmHWM"), status_bytes("VmRSS")
+    return hwm is not None and rss is not None and hwm < rss + 16 * MiB
+
+
+def rss_above(run: Callable[[], Any]) -> tuple[int | None, Any]:
+    """``(bytes, result)``: how far ``run()`` raised this process's resident high-water mark above its resident
+    memory at the start (free memory released first); ``None`` bytes where the mark cannot be reset."""
+    if not high_water_mark_resets():
+        return None, run()
+    release_free_memory()
+    reset_high_water_mark()
+    start = status_bytes("VmRSS")
+    result = run()
+    return max(0, status_bytes("VmHWM") - start), result
+
+
+def write_result(path: str, result: dict) -> None:
+    write_atomic(path, json.dumps(result, indent=1))
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def thread_count() -> int | None:
+    """The threads this process was given (``OMP_NUM_THREADS``, as :func:`workbench.launch.plan.thread_env` sets
+    it for every rank), or None."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() else None

@@ -1,0 +1,249 @@
+"""A model's measured profile (issue 26): its record, where it is cached, and the run estimate made from it.
+
+A rank's peak is mostly activations, and for a model the workbench did not write no formula knows them.
+So the model is measured once, on one process, with the threads a rank will have
+(:func:`workbench.launch.profile.profile_model` runs :mod:`workbench.ranks.profile_mlx` or
+:mod:`workbench.ranks.profile_jax`): activation bytes and forward-and-backward seconds at a few micro-batch
+sizes, each fitted as a line in the size (:func:`~workbench.estimate.profile_fit.fit_linear`), and the
+optimizer update's seconds per parameter byte. :func:`estimate_with_profile` puts the line's activations
+at the run's micro-batch into the run's estimate (:func:`~workbench.runs.estimate.estimate_run_memory`)
+instead of the closed formula (the built-in LM) or the logits (a user's model).
+
+The cache: one JSON file per profile, ``<runs root>/.profiles/<framework>-<key>.json``, beside the runs
+(a dotted folder, which :func:`workbench.runs.tables.load_runs` passes over), written atomically. The key
+hashes what the measurement depends on (:func:`profile_key_fields`): the model (the built-in LM's config,
+or the factory and its source's sha256), dtype, sequence length, vocabulary, optimizer, framework and its
+version, and threads. A cache file that cannot be read as a profile is an error naming it, and it is left
+in place: nothing stored is overwritten unasked (remove it, or profile with ``refresh=True``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping
+
+from workbench.estimate.breakdown import MemoryComponent, MemoryEstimate
+from workbench.estimate.profile_fit import LinearFit, fit_from_dict, fit_linear
+from workbench.models.init import LMConfig
+from workbench.runs.atomic import write_atomic
+from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_memory
+
+#: The folder under a run store's root that holds the profiles.
+PROFILE_DIR = ".profiles"
+#: The record's layout; a file of another version is refused, naming it.
+PROFILE_VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A cached profile that cannot be used: ``path`` names the file, which is left as it was."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"model profile {path}: {why} (the file is kept: remove it, or profile again with "
+                         "refresh=True, to measure the model anew)")
+        self.path = Path(path)
+
+
+def profile_key_fields(spec: Any, threads: int | None) -> dict:
+    """What a profile of ``spec``'s model depends on (a RunSpec or its dict): the model, dtype, tokens,
+    optimizer, framework and its installed version, and ``threads`` (a rank's ``OMP_NUM_THREADS``)."""
+    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    framework = fields["framework"]
+    if fields.get("model_factory") is not None:
+        model = {"factory": fields["model_factory"], "source_sha256": fields.get("model_source_sha256")}
+    else:
+        model = {"lm": dict(fields["model"])}
+    try:
+        version = metadata.version(framework)
+    except metadata.PackageNotFoundError:
+        version = None
+    return {"model": model, "precision": fields["precision"], "seq_len": fields["model"]["seq_len"],
+            "vocab_size": fields["model"]["vocab_size"], "optimizer": fields["optimizer"],
+            "framework": framework, "framework_version": version, "threads": threads}
+
+
+def profile_key(key_fields: Mapping[str, Any]) -> str:
+    """16 hex digits of the sha256 of ``key_fields`` as canonical JSON."""
+    return hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_path(runs_root: str | Path, key_fields: Mapping[str, Any]) -> Path:
+    """``<runs_root>/.profiles/<framework>-<key>.json``."""
+    return Path(runs_root) / PROFILE_DIR / f"{key_fields['framework']}-{profile_key(key_fields)}.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelProfile:
+    """One model measured on one process. Bytes and seconds are per micro-batch of ``b`` sequences.
+
+    Attributes:
+        key_fields: What was profiled (:func:`profile_key_fields`). key: Their hash (:func:`profile_key`).
+        micro_batch_sizes: The sizes measured, ascending.
+        activation_samples: Per size, each measurement's activation bytes: the peak above the resident
+            parameters, optimizer state and batch, less the gradients (``truth_source`` says how read).
+        compute_s_samples: Per size, each measurement's forward-and-backward seconds.
+        activation_fit: Bytes against ``b``, fitted to each size's largest sample.
+        compute_fit: Seconds against ``b``, fitted to each size's median.
+        parameter_bytes, gradient_bytes, optimizer_state_bytes: The whole model's, on the profiling process.
+        update_s: The optimizer's update of the whole model, seconds (median).
+        plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
+        cost_s: Wall seconds the profile took (process start, imports, compilation, measurements).
+        cost_peak_rss_bytes: The profiling process's peak resident memory.
+        cost_peak_array_bytes: MLX: the largest ``mx.get_peak_memory`` seen; JAX: None.
+        versions: Packages installed where it was measured.
+    """
+
+    key_fields: dict
+    micro_batch_sizes: tuple[int, ...]
+    activation_samples: tuple[tuple[int, ...], ...]
+    compute_s_samples: tuple[tuple[float, ...], ...]
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    update_s: float
+    truth_source: str
+    plan_activation_bytes: tuple[int | None, ...] | None
+    cost_s: float
+    cost_peak_rss_bytes: int
+    cost_peak_array_bytes: int | None
+    versions: dict = field(default_factory=dict)
+    activation_fit: LinearFit = field(init=False)
+    compute_fit: LinearFit = field(init=False)
+
+    def __post_init__(self) -> None:
+        sizes = self.micro_batch_sizes
+        if len(self.activation_samples) != len(sizes) or len(self.compute_s_samples) != len(sizes):
+            raise ValueError(f"a profile needs samples for each of the micro-batch sizes {list(sizes)}")
+        object.__setattr__(self, "activation_fit", fit_linear(
+            sizes, [max(s) for s in self.activation_samples], what="activation_bytes"))
+        object.__setattr__(self, "compute_fit", fit_linear(
+            sizes, [sorted(s)[len(s) // 2] for s in self.compute_s_samples], what="compute_s"))
+
+    @property
+    def key(self) -> str:
+        return profile_key(self.key_fields)
+
+    @property
+    def framework(self) -> str:
+        return self.key_fields["framework"]
+
+    @property
+    def update_s_per_param_byte(self) -> float:
+        """Seconds of the optimizer's update per byte of parameters updated."""
+        return self.update_s / self.parameter_bytes if self.parameter_bytes else 0.0
+
+    def activation_bytes_at(self, micro_batch_size: int) -> int:
+        """Activation bytes of one micro-batch of ``micro_batch_size`` sequences, from the fitted line (>= 0)."""
+        return max(0, round(self.activation_fit.at(micro_batch_size)))
+
+    def compute_s_at(self, micro_batch_size: int) -> float:
+        """Forward and backward seconds of one micro-batch of ``micro_batch_size`` sequences (>= 0)."""
+        return max(0.0, self.compute_fit.at(micro_batch_size))
+
+    def to_dict(self) -> dict:
+        out = {"version": PROFILE_VERSION, "key": self.key, "key_fields": self.key_fields,
+               "micro_batch_sizes": list(self.micro_batch_sizes),
+               "activation_samples": [list(s) for s in self.activation_samples],
+               "compute_s_samples": [list(s) for s in self.compute_s_samples],
+               "plan_activation_bytes": None if self.plan_activation_bytes is None
+               else list(self.plan_activation_bytes)}
+        for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
+                     "cost_s", "cost_peak_rss_bytes", "cost_peak_array_bytes", "versions"):
+            out[name] = getattr(self, name)
+        out["activation_fit"], out["compute_fit"] = self.activation_fit.to_dict(), self.compute_fit.to_dict()
+        return out
+
+
+def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[str, Any],
+                              cost_s: float) -> ModelProfile:
+    """A :class:`ModelProfile` from what a profiling program wrote and the seconds its process took."""
+    return ModelProfile(
+        key_fields=dict(key_fields), micro_batch_sizes=tuple(measured["micro_batch_sizes"]),
+        activation_samples=tuple(tuple(int(v) for v in s) for s in measured["activation_samples"]),
+        compute_s_samples=tuple(tuple(float(v) for v in s) for s in measured["compute_s_samples"]),
+        parameter_bytes=int(measured["parameter_bytes"]), gradient_bytes=int(measured["gradient_bytes"]),
+        optimizer_state_bytes=int(measured["optimizer_state_bytes"]), update_s=float(measured["update_s"]),
+        truth_source=str(measured["truth_source"]),
+        plan_activation_bytes=None if measured.get("plan_activation_bytes") is None
+        else tuple(measured["plan_activation_bytes"]),
+        cost_s=float(cost_s), cost_peak_rss_bytes=int(measured["peak_rss_bytes"]),
+        cost_peak_array_bytes=measured.get("peak_array_bytes"), versions=dict(measured.get("versions") or {}))
+
+
+def save_profile(path: str | Path, profile: ModelProfile) -> Path:
+    """Write ``profile`` to ``path`` atomically (its folder made if missing)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, json.dumps(profile.to_dict(), indent=1))
+
+
+def load_profile(path: str | Path) -> ModelProfile:
+    """The profile stored at ``path``.
+
+    Raises:
+        ProfileError: naming the file: unreadable, not JSON, another version, a field missing or of the wrong
+            type, or a stored fit that is not the fit of its own samples (an edited file).
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ProfileError(path, f"cannot be read as JSON ({type(err).__name__}: {err})") from None
+    if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
+        raise ProfileError(path, f"not a profile of version {PROFILE_VERSION}")
+    try:
+        measured = {**data, "peak_rss_bytes": data["cost_peak_rss_bytes"],
+                    "peak_array_bytes": data["cost_peak_array_bytes"]}
+        profile = profile_from_measurements(measured, data["key_fields"], data["cost_s"])
+        stored = (fit_from_dict(data["activation_fit"], what="activation_fit"),
+                  fit_from_dict(data["compute_fit"], what="compute_fit"))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ProfileError(path, f"a field is missing or malformed ({type(err).__name__}: {err})") from None
+    if data.get("key") != profile.key:
+        raise ProfileError(path, f"its key {data.get('key')!r} is not the hash of its key_fields ({profile.key})")
+    if not all(_close(a, b) for a, b in zip(stored, (profile.activation_fit, profile.compute_fit))):
+        raise ProfileError(path, "its stored fits are not the fits of its samples (edited by hand?)")
+    return profile
+
+
+def _close(a: LinearFit, b: LinearFit) -> bool:
+    pairs = zip(a.to_dict().values(), b.to_dict().values())
+    return all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in pairs)
+
+
+#: Key fields that decide the activations (threads and versions change times, not which arrays exist).
+MODEL_FIELDS = ("model", "precision", "seq_len", "vocab_size", "framework")
+
+
+def estimate_with_profile(spec: Any, profile: ModelProfile, model_shapes: Any = None) -> MemoryEstimate:
+    """:func:`~workbench.runs.estimate.estimate_run_memory` with the profile's activations for the run's micro-batch.
+
+    The profile measured the whole model's backward with nothing recomputed. Where the run's strategy
+    recomputes each block of the built-in LM in backward (a unit resharded after forward), the profiled
+    bytes are scaled by the closed formula's ratio of recomputed to kept activations; a user's model is one
+    unit, recomputed whole, so its activations are the profile's as measured.
+
+    Raises:
+        ValueError: ``profile`` is of another model, dtype, sequence length, vocabulary or framework (named).
+    """
+    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    want = profile_key_fields(fields, None)
+    wrong = [name for name in MODEL_FIELDS if want[name] != profile.key_fields.get(name)]
+    if wrong:
+        raise ValueError(f"the profile {profile.key} is of another {', '.join(wrong)} than this run ("
+                         + "; ".join(f"{n}: {profile.key_fields.get(n)!r}, not {want[n]!r}" for n in wrong) + ")")
+    base = estimate_run_memory(fields, model_shapes)
+    b = fields["global_batch"] // (fields["num_ranks"] * fields.get("num_microbatches", 1))
+    activations = profile.activation_bytes_at(b)
+    how = f"profiled: {profile.activation_fit.slope:,.0f} B x {b} sequences + {profile.activation_fit.intercept:,.0f} B"
+    if fields.get("model_factory") is None:
+        kept = estimate_run_activation_bytes(LMConfig(**fields["model"]), b, fields["precision"])
+        if base["activations"] != kept and kept:
+            activations = round(activations * base["activations"] / kept)
+            how += f", x {base['activations'] / kept:.3f} (blocks recomputed in backward, closed formula's ratio)"
+    rows = tuple(MemoryComponent("activations", activations, how) if c.name == "activations" else c
+                 for c in base.components)
+    return replace(base, components=rows)
