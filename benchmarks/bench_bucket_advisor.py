@@ -23,7 +23,8 @@ from workbench.core.specs import ModelSpec, ParamSpec
 from workbench.core.units import KiB, MiB
 from workbench.estimate.advisor import recommend_communication_size
 from workbench.estimate.comm import bus_factor, fit_alpha_beta, ring_steps
-from workbench.launch.plan import plan_launch, run_worker
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import run_worker
 
 WARMUP_STEPS = 2
 DEFAULT_SIZES = (256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 32 * MiB)

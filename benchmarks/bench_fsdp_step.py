@@ -30,7 +30,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from workbench.launch.plan import plan_launch, run_worker
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import run_worker
 from workbench.studies.design_review import step_time_table
 
 WARMUP_STEPS = 2

@@ -1,5 +1,5 @@
 """One rank of a real run of MLX's own ``fully_shard`` through the workbench's shim (started by
-tests/test_fully_shard.py through :func:`workbench.launch.plan.run_local`).
+tests/test_fully_shard.py through :func:`workbench.launch.local_run.run_local`).
 
     python tests/ranks_fully_shard.py --out DIR [--parts scope,fidelity,zero3,memory,unguarded | stuck]
 

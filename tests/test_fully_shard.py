@@ -21,7 +21,8 @@ from workbench.core.hf_config import spec_from_hf_config
 from workbench.core.presets import get_preset
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB
-from workbench.launch.plan import LaunchError, plan_launch, run_local
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import LaunchError, run_local
 from workbench.strategies import StepShape, get_strategy
 
 RANKS = Path(__file__).parent / "ranks_fully_shard.py"

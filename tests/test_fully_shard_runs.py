@@ -16,7 +16,8 @@ import pytest
 
 from workbench.core.fully_shard_plan import plan_fully_shard
 from workbench.launch.driver import run_training
-from workbench.launch.plan import plan_launch, run_local
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import run_local
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
 from workbench.runs.spec import VALIDATION_MODEL, RunSpec
 from workbench.runs.store import RunStore

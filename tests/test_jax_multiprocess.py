@@ -2,9 +2,9 @@
 
 FSDP (row and flat; SGD and AdamW with clipping) must equal DDP, and both must equal a
 single-process reference written out here. The ranks are started by the workbench's one
-launcher (:func:`~workbench.launch.plan.plan_launch` + :func:`~workbench.launch.plan.run_local`),
+launcher (:func:`~workbench.launch.plan.plan_launch` + :func:`~workbench.launch.local_run.run_local`),
 which never hangs: a failing rank or a timeout stops every rank and raises
-:class:`~workbench.launch.plan.LaunchError` with their output.
+:class:`~workbench.launch.local_run.LaunchError` with their output.
 """
 
 import dataclasses
@@ -21,7 +21,8 @@ import pytest
 from workbench.adapters.jax.base import spec_from_jax
 from workbench.adapters.jax.distributed import bind_gloo_to
 from workbench.core.buckets import plan_buckets
-from workbench.launch.plan import LaunchError, plan_launch, run_local
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import LaunchError, run_local
 from workbench.models.jax_mlp import build_problem, mlp_loss
 
 from programs import rank_env

@@ -11,7 +11,8 @@ from mlx.utils import tree_flatten
 from workbench import plan_buckets, plan_shards
 from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.adapters.mlx.fsdp import fsdp_apply_gradients, optimizer_state_bytes
-from workbench.launch.plan import LaunchError, plan_launch, run_local, run_worker
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import LaunchError, run_local, run_worker
 
 from programs import rank_env
 

@@ -6,7 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from workbench.launch.plan import mpirun_command, plan_launch, run_local, run_worker
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import mpirun_command, run_local, run_worker
 
 from programs import rank_env
 

@@ -4,7 +4,8 @@ The body runs in tests/programs/mlx_peak_memory.py, as MLX wrote it."""
 
 import pytest
 
-from workbench.launch.plan import plan_launch, run_worker
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import run_worker
 
 from programs import rank_env
 

@@ -15,7 +15,8 @@ from workbench.adapters.mlx.zero3_trainer import make_zero3_trainer
 from workbench.core.buckets import plan_buckets
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.memory import estimate_memory
-from workbench.launch.plan import plan_launch, run_worker
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import run_worker
 from workbench.models.mlx_lm import MLXLM, lm_loss
 
 from programs import rank_env

@@ -7,7 +7,8 @@ on every rank, FSDP's optimizer state 1/N of DDP's, and the MLX ranks' plan chec
 
 import pytest
 
-from workbench.launch.plan import plan_launch, run_worker
+from workbench.launch.plan import plan_launch
+from workbench.launch.local_run import run_worker
 
 ARGS = ["--hidden", "64", "--layers", "2", "--steps", "3", "--batch", "8", "--communication-size", "4096"]
 

@@ -1,7 +1,7 @@
 """Programs the tests start on real ranks, one process each: checks, not the product, so they live here.
 
 A test launches one as a module, ``python -m programs.<name>``, through the workbench's own launcher
-(:func:`workbench.launch.plan.run_worker` or :func:`~workbench.launch.plan.run_local`), with a plan whose
+(:func:`workbench.launch.local_run.run_worker` or :func:`~workbench.launch.local_run.run_local`), with a plan whose
 ranks find this folder (:func:`rank_env`)::
 
     run_worker(plan_launch(2, framework="mlx", backend="ring", env=rank_env()), "programs.mlx_fsdp_check", out)

@@ -1,5 +1,5 @@
 """One rank of a real MLX run that proves FSDP equals DDP (started by tests/test_mlx_fsdp.py and
-tests/test_mlx_hsdp_mpi.py through :func:`workbench.launch.plan.run_worker`).
+tests/test_mlx_hsdp_mpi.py through :func:`workbench.launch.local_run.run_worker`).
 
     PYTHONPATH=tests python -m programs.mlx_fsdp_check --out DIR [--steps 3] [--cases all|quick] [--hsdp K]
 

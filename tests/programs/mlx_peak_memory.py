@@ -1,6 +1,6 @@
 """One rank of MLX's own ``test_fsdp_peak_memory`` (mlx v0.32.0, ``python/tests/nccl_test_distributed.py``),
 ported to the workbench's step on any backend (started by tests/test_mlx_peak_memory.py through
-:func:`workbench.launch.plan.run_worker`).
+:func:`workbench.launch.local_run.run_worker`).
 
     PYTHONPATH=tests python -m programs.mlx_peak_memory --out DIR [--layout row]
 

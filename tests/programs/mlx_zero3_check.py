@@ -1,5 +1,5 @@
 """One rank of a real MLX run proving full sharding and gradient accumulation (started by
-tests/test_mlx_zero3.py through :func:`workbench.launch.plan.run_worker`).
+tests/test_mlx_zero3.py through :func:`workbench.launch.local_run.run_worker`).
 
     PYTHONPATH=tests python -m programs.mlx_zero3_check --out DIR [--parts equal,accum,memory,errors,fully_shard]
 

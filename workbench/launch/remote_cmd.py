@@ -24,7 +24,7 @@ from pathlib import Path
 from workbench.launch.engines import EngineFailure
 from workbench.launch.host_values import NAME, check_text
 from workbench.launch.hosts import Host, MultiHostPlan
-from workbench.launch.plan import OMPI_THREAD_MULTIPLE
+from workbench.launch.local_run import OMPI_THREAD_MULTIPLE
 
 #: The module engines run on the hosts (it becomes ``ipyparallel.engine``).
 ENGINE_MODULE = "workbench.launch.engine_env"
@@ -119,7 +119,7 @@ def mpi_args(plan: MultiHostPlan, controller_ip: str, workdir: Path, ssh_args: l
     for name in ("WORKBENCH_RANK_ENVS", "WORKBENCH_MLX_HOSTFILE_JSON", "WORKBENCH_CONTROLLER_GRACE_S",
                  "IPP_CONNECTION_INFO", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR"):
         args += ["-x", name]  # OpenMPI passes no variable to other hosts unless asked
-    # MPI_THREAD_MULTIPLE: MLX calls MPI from one thread per stream (see launch.plan.mpirun_command).
+    # MPI_THREAD_MULTIPLE: MLX calls MPI from one thread per stream (see launch.local_run.mpirun_command).
     args += ["-x", f"OMPI_MPI_THREAD_LEVEL={OMPI_THREAD_MULTIPLE}"]
     return args
 
