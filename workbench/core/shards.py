@@ -16,30 +16,22 @@ Layouts (one reduce-scatter and one all-gather per bucket for ``row`` and ``flat
 
 Plans are compact: a 1024-rank row plan of Llama-3-70B has about 740,000 slices,
 so metrics are computed from sizes in O(#arrays + #buckets + N) and slices are
-produced on demand per rank (:meth:`ShardPlan.rank_slices`).
+produced on demand per rank (:meth:`~workbench.core.shard_plan.ShardPlan.rank_slices`). The plan itself is
+:class:`~workbench.core.shard_plan.ShardPlan`; each layout has its planner here.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
 from workbench.core.buckets import BucketPlan
-from workbench.core.checks import MAX_NUM_SHARDS, as_whole, integer
+from workbench.core.checks import MAX_NUM_SHARDS, integer
+from workbench.core.shard_plan import ShardPlan, ShardSlice  # noqa: F401  (the plan's record, imported from here)
 
 LAYOUTS = ("row", "flat", "greedy")
-
-
-class ShardSlice(NamedTuple):
-    """Elements ``[start, stop)`` of the flattened parameter ``path``, in bucket ``bucket``."""
-
-    bucket: int
-    path: str
-    start: int
-    stop: int
 
 
 @dataclass(frozen=True)
@@ -71,133 +63,6 @@ def _chunk_loads(lengths: np.ndarray, itemsizes: np.ndarray, chunks: np.ndarray,
     nonempty = np.cumsum(count)[:n]
     alloc = np.full(n, int((chunks * itemsizes).sum()), np.int64)
     return _ChunkLoads(owned, alloc, nonempty, num_chunks)
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """Ownership of every gradient element, per rank and bucket.
-
-    Attributes:
-        buckets: The bucket plan this shards.
-        num_shards: N, the number of ranks in the sharding group.
-        layout: ``"row"``, ``"flat"`` or ``"greedy"``.
-        pad_rows: Whether ``row`` pads arrays whose size is not a multiple of N.
-        rank_owned_bytes: Real bytes each rank owns, shape (N,).
-        rank_padding_bytes: Padding bytes each rank carries, shape (N,).
-        rank_fragments: Contiguous pieces of parameters each rank owns, shape (N,);
-            the fragmentation of its optimizer state.
-        num_split_arrays: Arrays whose elements are owned by more than one rank.
-        num_reduce_scatters, num_all_gathers, num_all_reduces, num_broadcasts:
-            Collectives per optimizer step.
-    """
-
-    buckets: BucketPlan
-    num_shards: int
-    layout: str
-    pad_rows: bool
-    rank_owned_bytes: np.ndarray = field(repr=False)
-    rank_padding_bytes: np.ndarray = field(repr=False)
-    rank_fragments: np.ndarray = field(repr=False)
-    num_split_arrays: int
-    num_reduce_scatters: int
-    num_all_gathers: int
-    num_all_reduces: int
-    num_broadcasts: int
-    # Per parameter (by parameter index): chunk elements (row) / owner rank (greedy).
-    param_chunk_elems: np.ndarray = field(repr=False)
-    param_owner: np.ndarray = field(repr=False)
-    # Per bucket: chunk elements each rank holds of it (row: sum of its arrays' chunks; flat: bucket chunk).
-    bucket_chunk_elems: np.ndarray = field(repr=False)
-
-    @property
-    def rank_bytes(self) -> np.ndarray:
-        """Bytes each rank holds for its shard (real + padding), shape (N,)."""
-        return self.rank_owned_bytes + self.rank_padding_bytes
-
-    @property
-    def imbalance(self) -> float:
-        """max / mean of :attr:`rank_bytes` (1.0 is perfectly balanced)."""
-        mean = self.rank_bytes.mean()
-        return float(self.rank_bytes.max() / mean) if mean > 0 else 1.0
-
-    @property
-    def padding_bytes(self) -> int:
-        """Padding bytes over all ranks."""
-        return int(self.rank_padding_bytes.sum())
-
-    @property
-    def num_collectives_per_step(self) -> int:
-        return self.num_reduce_scatters + self.num_all_gathers + self.num_all_reduces + self.num_broadcasts
-
-    def summary(self) -> dict:
-        """The layout metrics as plain numbers (one row of a comparison table)."""
-        return {
-            "layout": self.layout,
-            "num_shards": self.num_shards,
-            "num_buckets": self.buckets.num_buckets,
-            "max_rank_bytes": int(self.rank_bytes.max()),
-            "mean_rank_bytes": float(self.rank_bytes.mean()),
-            "imbalance": self.imbalance,
-            "padding_bytes": self.padding_bytes,
-            "num_split_arrays": self.num_split_arrays,
-            "max_fragments_per_rank": int(self.rank_fragments.max()),
-            "mean_fragments_per_rank": float(self.rank_fragments.mean()),
-            "num_collectives_per_step": self.num_collectives_per_step,
-        }
-
-    def _param_offsets(self) -> np.ndarray:
-        """Offset of each parameter inside its bucket's flattened buffer (by parameter index)."""
-        bp = self.buckets
-        sizes = bp.spec.sizes[bp.order]
-        csum = np.cumsum(sizes) - sizes
-        starts = np.repeat(csum[bp.offsets[:-1]], np.diff(bp.offsets))
-        out = np.empty(len(bp.order), np.int64)
-        out[bp.order] = csum - starts
-        return out
-
-    def rank_slices(self, rank: int, bucket: int | None = None) -> list[ShardSlice]:
-        """The pieces rank ``rank`` owns, bucket by bucket, in its local buffer order.
-
-        Args:
-            rank: 0 <= rank < N.
-            bucket: Only this bucket's pieces (default: every bucket).
-        """
-        if as_whole(rank) is None or not 0 <= as_whole(rank) < self.num_shards:
-            raise ValueError(f"rank {rank!r} is not an integer in range for num_shards={self.num_shards}.")
-        rank = as_whole(rank)
-        bp = self.buckets
-        if bucket is None:
-            lo, hi = 0, len(bp.order)
-        elif 0 <= bucket < bp.num_buckets:
-            lo, hi = int(bp.offsets[bucket]), int(bp.offsets[bucket + 1])
-        else:
-            raise ValueError(f"bucket {bucket} is out of range: the plan has {bp.num_buckets} buckets.")
-        order = bp.order[lo:hi]
-        sizes = bp.spec.sizes[order]
-        buckets_of = np.repeat(np.arange(bp.num_buckets), np.diff(bp.offsets))[lo:hi]
-        if self.layout == "row":
-            c = self.param_chunk_elems[order]
-            start = np.minimum(rank * c, sizes)
-            stop = np.minimum(start + c, sizes)
-        elif self.layout == "flat":
-            c = self.bucket_chunk_elems[buckets_of]
-            poff = self._param_offsets()[order]
-            start = np.clip(rank * c - poff, 0, sizes)
-            stop = np.clip((rank + 1) * c - poff, 0, sizes)
-        else:
-            start = np.where(self.param_owner[order] == rank, 0, sizes)
-            stop = sizes
-        keep = np.nonzero(start < stop)[0]
-        params = bp.spec.params
-        return [
-            ShardSlice(int(buckets_of[k]), params[int(order[k])].path, int(start[k]), int(stop[k])) for k in keep
-        ]
-
-    def iter_slices(self) -> Iterator[tuple[int, ShardSlice]]:
-        """Every ``(rank, slice)`` of the plan (use on small plans: it materialises them)."""
-        for r in range(self.num_shards):
-            for s in self.rank_slices(r):
-                yield r, s
 
 
 def _check_row(bp: BucketPlan, n: int, pad_rows: bool, require_axis0: bool) -> None:
@@ -258,61 +123,73 @@ def plan_shards(
     n = integer("num_shards", num_shards, low=1, high=MAX_NUM_SHARDS)  # plans allocate per-rank arrays
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}.")
-    bp = bucket_plan
-    spec = bp.spec
-    sizes, isz = spec.sizes, spec.itemsizes
-    num_b = bp.num_buckets
-    none = np.zeros(len(spec), np.int64)
+    return _PLANNERS[layout](bucket_plan, n, pad_rows=pad_rows, require_axis0=require_axis0)
 
-    if layout == "row":
-        _check_row(bp, n, pad_rows, require_axis0)
-        chunks = -(-sizes // n)
-        loads = _chunk_loads(sizes, isz, chunks, n)
-        bucket_chunk = np.add.reduceat(chunks[bp.order], bp.offsets[:-1]) if num_b else np.zeros(0, np.int64)
-        return ShardPlan(
-            bp, n, layout, pad_rows,
-            rank_owned_bytes=loads.owned_bytes,
-            rank_padding_bytes=loads.alloc_bytes - loads.owned_bytes,
-            rank_fragments=loads.nonempty,
-            num_split_arrays=int((loads.num_chunks > 1).sum()),
-            num_reduce_scatters=num_b, num_all_gathers=num_b, num_all_reduces=0, num_broadcasts=0,
-            param_chunk_elems=chunks, param_owner=none, bucket_chunk_elems=bucket_chunk,
-        )
 
-    if layout == "flat":
-        total = bp.bucket_elems
-        chunks = -(-total // n)
-        loads = _chunk_loads(total, bp.bucket_itemsize, chunks, n)
-        # A parameter boundary strictly inside a chunk adds a fragment to that chunk's rank.
-        order_sizes = sizes[bp.order]
-        csum = np.cumsum(order_sizes) - order_sizes
-        bucket = np.repeat(np.arange(num_b), np.diff(bp.offsets))
-        poff = csum - csum[bp.offsets[:-1]][bucket]
-        c = chunks[bucket]
-        inner = (poff > 0) & (poff % c != 0)
-        frags = loads.nonempty.copy()
-        np.add.at(frags, (poff // c)[inner], 1)
-        split = (poff // c) != ((poff + order_sizes - 1) // c)
-        return ShardPlan(
-            bp, n, layout, False,
-            rank_owned_bytes=loads.owned_bytes,
-            rank_padding_bytes=loads.alloc_bytes - loads.owned_bytes,
-            rank_fragments=frags,
-            num_split_arrays=int(split.sum()),
-            num_reduce_scatters=num_b, num_all_gathers=num_b, num_all_reduces=0, num_broadcasts=0,
-            param_chunk_elems=none, param_owner=none, bucket_chunk_elems=chunks,
-        )
+def _plan_row(bp: BucketPlan, n: int, *, pad_rows: bool, require_axis0: bool) -> ShardPlan:
+    """Each array cut into N equal rows (padded where ``pad_rows``); a bucket's shard is its arrays' rows."""
+    _check_row(bp, n, pad_rows, require_axis0)
+    sizes, isz, num_b = bp.spec.sizes, bp.spec.itemsizes, bp.num_buckets
+    chunks = -(-sizes // n)
+    loads = _chunk_loads(sizes, isz, chunks, n)
+    bucket_chunk = np.add.reduceat(chunks[bp.order], bp.offsets[:-1]) if num_b else np.zeros(0, np.int64)
+    return ShardPlan(
+        bp, n, "row", pad_rows,
+        rank_owned_bytes=loads.owned_bytes,
+        rank_padding_bytes=loads.alloc_bytes - loads.owned_bytes,
+        rank_fragments=loads.nonempty,
+        num_split_arrays=int((loads.num_chunks > 1).sum()),
+        num_reduce_scatters=num_b, num_all_gathers=num_b, num_all_reduces=0, num_broadcasts=0,
+        param_chunk_elems=chunks, param_owner=np.zeros(len(bp.spec), np.int64), bucket_chunk_elems=bucket_chunk,
+    )
 
-    nbytes = sizes * isz
+
+def _plan_flat(bp: BucketPlan, n: int, **_) -> ShardPlan:
+    """Each bucket cut flat into N equal chunks (the last padded); arrays may straddle two ranks."""
+    sizes, num_b = bp.spec.sizes, bp.num_buckets
+    total = bp.bucket_elems
+    chunks = -(-total // n)
+    loads = _chunk_loads(total, bp.bucket_itemsize, chunks, n)
+    # A parameter boundary strictly inside a chunk adds a fragment to that chunk's rank.
+    order_sizes = sizes[bp.order]
+    csum = np.cumsum(order_sizes) - order_sizes
+    bucket = np.repeat(np.arange(num_b), np.diff(bp.offsets))
+    poff = csum - csum[bp.offsets[:-1]][bucket]
+    c = chunks[bucket]
+    inner = (poff > 0) & (poff % c != 0)
+    frags = loads.nonempty.copy()
+    np.add.at(frags, (poff // c)[inner], 1)
+    split = (poff // c) != ((poff + order_sizes - 1) // c)
+    none = np.zeros(len(bp.spec), np.int64)
+    return ShardPlan(
+        bp, n, "flat", False,
+        rank_owned_bytes=loads.owned_bytes,
+        rank_padding_bytes=loads.alloc_bytes - loads.owned_bytes,
+        rank_fragments=frags,
+        num_split_arrays=int(split.sum()),
+        num_reduce_scatters=num_b, num_all_gathers=num_b, num_all_reduces=0, num_broadcasts=0,
+        param_chunk_elems=none, param_owner=none, bucket_chunk_elems=chunks,
+    )
+
+
+def _plan_greedy(bp: BucketPlan, n: int, **_) -> ShardPlan:
+    """Whole arrays dealt to ranks, largest first, to the least loaded (ZeroRedundancyOptimizer)."""
+    nbytes = bp.spec.sizes * bp.spec.itemsizes
     owners = _greedy_owners(nbytes, n)
     owned = np.bincount(owners, weights=nbytes, minlength=n).astype(np.int64)
     frags = np.bincount(owners, minlength=n).astype(np.int64)
     return ShardPlan(
-        bp, n, layout, False,
+        bp, n, "greedy", False,
         rank_owned_bytes=owned,
         rank_padding_bytes=np.zeros(n, np.int64),
         rank_fragments=frags,
         num_split_arrays=0,
-        num_reduce_scatters=0, num_all_gathers=0, num_all_reduces=num_b, num_broadcasts=int((frags > 0).sum()),
-        param_chunk_elems=none, param_owner=owners, bucket_chunk_elems=np.zeros(num_b, np.int64),
+        num_reduce_scatters=0, num_all_gathers=0, num_all_reduces=bp.num_buckets,
+        num_broadcasts=int((frags > 0).sum()),
+        param_chunk_elems=np.zeros(len(bp.spec), np.int64), param_owner=owners,
+        bucket_chunk_elems=np.zeros(bp.num_buckets, np.int64),
     )
+
+
+#: Each layout's planner (:data:`LAYOUTS`).
+_PLANNERS = {"row": _plan_row, "flat": _plan_flat, "greedy": _plan_greedy}
