@@ -11,7 +11,11 @@ benchmark and a ``communication_size`` sweep, for the bucket-size advice slide).
 Each record holds the memory its ranks measured. Regenerate them after a change to the training step:
 
     python3 scripts/make_reference_runs.py            # about 8 minutes on 2 cores (run it on a quiet machine)
+    python3 scripts/make_reference_runs.py memory --framework mlx   # one store's MLX runs only, JAX's kept
     python3 -m workbench refresh notebooks/00_design_review.ipynb
+
+Runs compared side by side (step times above all) should be made together: ``--framework`` redoes every run
+of that framework in the named stores and keeps the others' records as they are.
 
 The stores are kept small (about 300 KB together), JSON only.
 """
@@ -29,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from workbench.launch.benchmark import run_collective_benchmark
 from workbench.launch.driver import run_training
+from workbench.ranks.phases import PHASES_FILE
+from workbench.runs.lock import LOCK_FILE
 from workbench.runs.spec import RunSpec
 from workbench.studies.design_review import (
     REFERENCE_STORES,
@@ -58,7 +64,14 @@ def make_sweep(keep: bool) -> list[str]:
               flush=True)
         if outcome.status not in ("done", "skipped"):
             failed.append(f"comm-size: {run.communication_size} B")
+    drop_scratch(sweep)
     return failed
+
+
+def drop_scratch(store: Path) -> None:
+    """Remove each run's lock and its ranks' start-up phases from ``store``: the deck reads neither."""
+    for scratch in [p for name in (LOCK_FILE, PHASES_FILE) for p in store.glob(f"*/{name}")]:
+        scratch.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,15 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stores", nargs="*", default=[*REFERENCE_STORES, "comm-size"],
                         choices=[*REFERENCE_STORES, "comm-size"], help="store names (default: all)")
     parser.add_argument("--keep", action="store_true", help="keep runs already stored (default: start afresh)")
+    parser.add_argument("--framework", choices=("mlx", "jax"),
+                        help="make only this framework's runs of the stores; the other framework's stay as stored")
     args = parser.parse_args(argv)
     failed = []
     if "comm-size" in args.stores:
         failed += make_sweep(args.keep)
     for name in (s for s in args.stores if s in REFERENCE_STORES):
         pairs, common = REFERENCE_STORES[name]
+        pairs = [(f, s) for f, s in pairs if args.framework in (None, f)]
         out = reference_runs_dir(name)
         if out.exists() and not args.keep:
-            shutil.rmtree(out)
+            for old in ([out] if args.framework is None else sorted(out.glob(f"{args.framework}-*"))):
+                shutil.rmtree(old)
         for framework, strategy in pairs:
             spec = RunSpec(framework=framework, strategy=strategy, **common)
             t0 = time.perf_counter()
@@ -83,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f" ({outcome.error})" if outcome.error else ""), flush=True)
             if outcome.status not in ("done", "skipped"):
                 failed.append(f"{name}: {framework} {strategy}")
+        drop_scratch(out)
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         print(f"{out}: {size / 1024:.0f} KiB")
     if failed:

@@ -32,7 +32,8 @@ PR3130_STEP_TIMES_MS = (
 #: * ``convergence``: a 0.4M-parameter LM on a 64-token Markov chain, near its entropy floor in 100
 #:   steps; every strategy in MLX and JAX (ZeRO-3 in JAX only).
 #: * ``memory``: notebook 03's validation runs (a 3.4M-parameter LM, 3 steps), large enough for the
-#:   memory model's peak to be compared with MLX's measured one.
+#:   memory model's peak to be compared with MLX's measured one; MLX's own ``fully_shard`` beside the
+#:   workbench's FSDP step and ZeRO-3 on it (:func:`workbench.studies.fully_shard.fully_shard_comparison`).
 REFERENCE_STORES = {
     "convergence": (
         (("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"),
@@ -42,7 +43,8 @@ REFERENCE_STORES = {
              optimizer="adamw", learning_rate=3e-3, communication_size=256 * 1024, data_seed=0, concentration=0.1),
     ),
     "memory": (
-        (("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"), ("jax", "ddp"), ("jax", "fsdp-full")),
+        (("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"), ("mlx", "fsdp-full"), ("mlx", "mlx-fully-shard"),
+         ("jax", "ddp"), ("jax", "fsdp-full")),
         dict(num_ranks=2, steps=3, global_batch=8, communication_size=2**20,
              model=VALIDATION_MODEL),
     ),
