@@ -273,6 +273,7 @@ def test_deck_notebook_is_thin_reads_stored_runs_and_has_slide_metadata():
     cells = deck_cells()
     code = "\n".join(c.source for c in cells if c.cell_type == "code")
     assert 'reference_runs_dir("convergence")' in code and 'reference_runs_dir("memory")' in code
+    assert "comparison_display(fully_shard_comparison(load_runs(MEMORY_RUNS)))" in code  # fully_shard's slide
     assert not re.search(r"run_training|run_sweep|start_engines", code)  # reads runs, never launches them
     assert not re.search(r"^\s*(def|class) ", code, re.M)  # logic lives in the package
     assert all("slide_type" in c.metadata.get("slideshow", {}) for c in cells)
