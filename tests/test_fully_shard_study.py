@@ -108,8 +108,8 @@ def test_the_slide_shows_worded_headers_and_rounded_numbers(table):
     shown = study.comparison_display(table.reset_index())
     assert list(shown.columns) == list(study.DISPLAY_HEADERS.values())
     assert list(shown.index) == [label for label, _, _ in study.SIDE_BY_SIDE]
-    assert list(shown["peak MiB, model"]) == [f"{v:.1f}" for v in table.model_peak_mib]
-    assert list(shown["collectives, model"]) == [str(int(v)) for v in table.expected_collectives]
+    assert list(shown["peak MiB per rank, model"]) == [f"{v:.1f}" for v in table.model_peak_mib]
+    assert list(shown["collectives per step, model"]) == [str(int(v)) for v in table.expected_collectives]
     kept = shown.loc["ZeRO-3 (workbench), kept to backward"]  # the models' figures only
     assert [kept[h] == study.NOT_RUN for h in shown.columns] == [True, False, True, True, True, False, False]
 

@@ -206,9 +206,10 @@ def fully_shard_comparison(loaded, *, num_microbatches: int = 1) -> "pd.DataFram
 
 
 #: Reader-facing headers of :func:`comparison_display`.
-DISPLAY_HEADERS = {"peak_mib": "peak MiB, measured", "model_peak_mib": "peak MiB, model",
-                   "peak_ratio": "measured / model", "step_ms": "step (ms)", "collectives": "collectives, counted",
-                   "expected_collectives": "collectives, model", "mib_sent": "MiB sent (model)"}
+DISPLAY_HEADERS = {"peak_mib": "peak MiB per rank, measured", "model_peak_mib": "peak MiB per rank, model",
+                   "peak_ratio": "measured / model", "step_ms": "step (ms)",
+                   "collectives": "collectives per step, counted", "expected_collectives": "collectives per step, model",
+                   "mib_sent": "MiB sent per rank per step (model)"}
 
 
 #: How :func:`comparison_display` writes each column (MiB to 0.1, ratios to 0.001, ms and counts whole).
@@ -220,14 +221,14 @@ NOT_RUN = "-"
 
 def comparison_display(table: "pd.DataFrame") -> "pd.DataFrame":
     """:func:`fully_shard_comparison` as a slide shows it: one row per label, headers in words with units
-    (collectives and MiB sent per rank per step), numbers written as :data:`DISPLAY_FORMATS` says, and
-    :data:`NOT_RUN` where there is no measurement."""
+    (:data:`DISPLAY_HEADERS`), numbers written as :data:`DISPLAY_FORMATS` says, and :data:`NOT_RUN` where
+    there is no measurement."""
     import pandas as pd
 
     shown = table.set_index("label")[list(DISPLAY_HEADERS)]
     shown = pd.DataFrame({col: [NOT_RUN if pd.isna(v) else DISPLAY_FORMATS[col].format(v) for v in shown[col]]
                           for col in shown}, index=shown.index)
-    return shown.rename(columns=DISPLAY_HEADERS).rename_axis("per rank, per step")
+    return shown.rename(columns=DISPLAY_HEADERS).rename_axis(None)
 
 
 def runnable_accumulation_specs(base: Mapping[str, Any], *, frameworks: Sequence[str], strategies: Sequence[str],
