@@ -1,0 +1,248 @@
+"""Every test's markers, by module, and a check that a test left unmarked stays in this one process.
+
+Markers (registered in ``pyproject.toml``):
+
+* ``process``: starts other processes (ranks, engines, kernels, a build, a server, a probe interpreter).
+* ``browser``: drives Chromium.
+* ``rig``: needs the multi-host rig (network namespaces, sshd, Slurm; root).
+* ``network``: opens sockets (binds on 127.0.0.1, or asks the package index).
+
+The fast inner loop, ``python3 -m pytest -m "not process and not browser and not rig" -q``, runs the
+tests that need nothing but this process. A module takes its markers from :data:`MODULE_MARKERS`
+(``tests/test_markers.py`` fails on a test module missing from it); a test named in
+:data:`TEST_MARKERS` takes that entry's markers instead of its module's. nbval's notebook items are
+``process`` (each runs a kernel). While a test not marked ``process`` runs (setup to teardown), starting a
+process (``subprocess``, ``os.fork``/``exec``/``spawn``/``system``) fails its teardown with
+:class:`UnmarkedProcessError` naming the test, so a new test that starts processes cannot stay in the fast loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+PROCESS, BROWSER, RIG, NETWORK = "process", "browser", "rig", "network"
+ENGINES = (PROCESS, NETWORK)  # ipyparallel's controller and engines talk over 127.0.0.1
+
+#: Markers of every test module under tests/, by module name (the path under tests/, without ``.py``).
+MODULE_MARKERS: dict[str, tuple[str, ...]] = {
+    "test_accumulation": (),
+    "test_adapters": (),
+    "test_advisor": (),
+    "test_architecture": (),
+    "test_browser": (BROWSER, *ENGINES),
+    "test_build": ENGINES,
+    "test_build_inputs": ENGINES,
+    "test_cli_errors": (PROCESS,),
+    "test_collectives": ENGINES,
+    "test_comm": (),
+    "test_config_inputs": (),
+    "test_cross_framework": (),
+    "test_data": (),
+    "test_driver_faults": ENGINES,
+    "test_engine_death": ENGINES,
+    "test_engines": ENGINES,
+    "test_examples": (),
+    "test_factory_seed": ENGINES,
+    "test_figure_checks": (),
+    "test_figures": (),
+    "test_fully_shard": ENGINES,
+    "test_fully_shard_record": (),
+    "test_fully_shard_runs": ENGINES,
+    "test_fully_shard_study": (),
+    "test_hf_config": (),
+    "test_hosts_input": (),
+    "test_hosts_rig": (RIG, *ENGINES),
+    "test_input_checks": (),
+    "test_jax_accum": (),
+    "test_jax_fsdp": (),
+    "test_jax_multiprocess": ENGINES,
+    "test_jax_resident_buckets": (),
+    "test_labsave": (),
+    "test_launcher_injection": (RIG, *ENGINES),
+    "test_markers": (),
+    "test_memory": (),
+    "test_memory_view": (),
+    "test_mlx_fsdp": ENGINES,
+    "test_mlx_hsdp_mpi": ENGINES,
+    "test_mlx_peak_memory": ENGINES,
+    "test_mlx_zero3": ENGINES,
+    "test_models": (),
+    "test_moe": (),
+    "test_multihost": (RIG, *ENGINES),
+    "test_multihost_slurm": (RIG, *ENGINES),
+    "test_nbtools": ENGINES,
+    "test_newest_versions": ENGINES,
+    "test_notebook_checks": (),
+    "test_notebook_hosts": (),
+    "test_packaging": (),
+    "test_planners": (),
+    "test_preset_shapes": (),
+    "test_presets": (),
+    "test_profile": (),
+    "test_profile_runs": ENGINES,
+    "test_progress_view": (),
+    "test_rank_fingerprint": ENGINES,
+    "test_rank_programs_are_product": (),
+    "test_resolve": (),
+    "test_runs_view": (),
+    "test_runstore": (),
+    "test_slides": (),
+    "test_step_timing_workers": ENGINES,
+    "test_store_faults": (),
+    "test_stored_outputs": (),
+    "test_sweep": (),
+    "test_tokens": (),
+    "test_train_jax": ENGINES,
+    "test_training": ENGINES,
+    "test_user_model_runs": ENGINES,
+    "test_validation": ENGINES,
+    "test_whole_numbers": (),
+    "test_widgets": (),
+    "test_widgets_sync": (),
+    "test_wrong_data": ENGINES,
+}
+
+#: Tests whose markers differ from their module's, as ``module::function`` (every parametrisation).
+TEST_MARKERS: dict[str, tuple[str, ...]] = {
+    # a probe interpreter or a shell beside one-process tests
+    "test_adapters::test_import_workbench_without_mlx_or_jax": (PROCESS,),
+    "test_architecture::test_the_public_api_imports_from_the_package_and_loads_frameworks_lazily": (PROCESS,),
+    "test_config_inputs::test_the_sizes_that_ran_for_minutes_are_refused_at_once": (PROCESS,),
+    "test_hf_config::test_no_framework_is_imported": (PROCESS,),
+    "test_packaging::test_fresh_check_runs_the_readme_commands_verbatim": (PROCESS,),
+    "test_packaging::test_a_failed_apt_get_still_runs_the_tests": (PROCESS,),
+    "test_runstore::test_concurrent_appends_from_two_processes_never_interleave": (PROCESS,),
+    "test_store_faults::test_a_second_writer_is_refused_naming_the_run_and_the_owner": (PROCESS,),
+    "test_store_faults::test_a_run_whose_owner_died_is_marked_failed_and_redone_in_a_fresh_attempt": (PROCESS,),
+    "test_store_faults::test_rows_a_stray_writer_of_an_earlier_attempt_appends_are_never_read": (PROCESS,),
+    "test_tokens::test_a_fresh_process_draws_the_same_batch": (PROCESS,),
+    # a kernel, engines or ranks beside one-process tests
+    "test_jax_accum::test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch": ENGINES,
+    "test_labsave::test_refresh_stores_notebooks_as_lab_saves_them": ENGINES,
+    "test_labsave::test_every_figure_gets_a_png_snapshot_once_and_nothing_else_changes": (PROCESS, BROWSER),
+    "test_slides::test_export_embeds_plotlyjs_once_in_the_head_and_loads_nothing_remote": ENGINES,
+    "test_slides::test_export_keeps_widgets_the_vendored_renderer_draws_and_drops_the_others": ENGINES,
+    "test_slides::test_export_copies_exactly_the_assets_it_references": ENGINES,
+    "test_slides::test_export_without_widgets_copies_no_widget_renderer": ENGINES,
+    "test_slides::test_an_output_that_loads_from_a_cdn_is_refused_naming_the_notebook": ENGINES,
+    # one-process tests in modules that start engines or ranks
+    "test_build::test_progress_printer_lines_and_status": (),
+    "test_build::test_sweep_clock_estimates_from_the_pace_of_steps": (),
+    "test_build::test_a_terminal_gets_one_status_line_with_a_bar": (),
+    "test_build::test_all_done_means_every_run_stored_and_done": (),
+    "test_collectives::test_fit_recovers_known_constants": (),
+    "test_collectives::test_bad_benchmark_knobs_name_the_field": (),
+    "test_driver_faults::test_run_training_knobs_are_refused_before_anything_starts_naming_the_knob": (),
+    "test_engine_death::test_last_words_drop_ipyparallel_chatter_and_fold_a_long_crash_stack": (),
+    "test_engine_death::test_describe_exit_names_the_signal_or_the_code": (),
+    "test_engine_death::test_an_engine_started_through_ssh_is_neither_waited_for_nor_read_as_a_local_one": (),
+    "test_engines::test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range": (NETWORK,),
+    "test_factory_seed::test_a_factory_drawing_from_global_generators_builds_the_same_weights_every_call": (),
+    "test_factory_seed::test_a_stalled_start_is_told_by_phase_and_a_stalled_step_stays_a_hung_collective": (),
+    "test_fully_shard::test_units_are_the_blocks_plus_the_root_and_tile_the_model": (),
+    "test_fully_shard::test_named_units_nest_innermost_first_and_compute_dtype_and_microbatches_count": (),
+    "test_fully_shard::test_bad_units_are_refused_by_name": (),
+    "test_fully_shard::test_readiness_lists_every_indivisible_parameter_of_published_configs": (),
+    "test_fully_shard::test_readiness_names_scalars_and_quantized_layers": (),
+    "test_fully_shard::test_migration_note_says_what_each_setting_becomes": (),
+    "test_fully_shard::test_migration_note_counts_collectives_on_both_sides": (),
+    "test_fully_shard::test_the_api_table_matches_the_installed_mlx": (),
+    "test_fully_shard::test_the_trainer_over_one_rank_is_a_plain_step_and_refuses_deferred_sync": (),
+    "test_fully_shard::test_a_group_of_one_needs_no_sum_scatter_and_changes_nothing": (),
+    "test_mlx_fsdp::test_group_of_one_equals_a_plain_optimizer_step": (),
+    "test_mlx_fsdp::test_clipping_returns_the_norm_before_clipping_and_keeps_bf16": (),
+    "test_mlx_fsdp::test_an_empty_tree_comes_back_as_the_same_kind_of_tree": (),
+    "test_mlx_fsdp::test_an_optimizer_that_returns_its_input_tree_works": (),
+    "test_mlx_fsdp::test_bad_input_names_the_path": (),
+    "test_mlx_fsdp::test_optimizer_state_bytes_counts_the_moments": (),
+    "test_mlx_fsdp::test_mixed_dtypes_keep_their_own_buckets_and_dtypes": (),
+    "test_mlx_fsdp::test_launch_plans_wire_each_backend": (),
+    "test_mlx_fsdp::test_rows_follow_the_plan_they_are_given_even_when_plans_come_and_go": (),
+    "test_mlx_fsdp::test_caches_are_bounded_and_can_be_cleared": (),
+    "test_mlx_fsdp::test_bucket_matrix_rows_are_the_plans_rows": (),
+    "test_mlx_fsdp::test_step_knobs_that_would_corrupt_the_update_are_refused_naming_them": (),
+    "test_mlx_zero3::test_group_of_one_with_nested_units_and_micro_batches_equals_a_plain_step": (),
+    "test_mlx_zero3::test_knobs_are_checked_by_name": (),
+    "test_rank_fingerprint::test_first_mismatch_names_the_first_field_and_every_rank_that_differs": (),
+    "test_train_jax::test_the_collective_path_is_read_from_the_lowered_program": (),
+    "test_training::test_bad_specs_are_refused_before_any_engine_starts": (),
+    "test_training::test_a_port_clash_is_told_apart_from_other_failures": (),
+    "test_user_model_runs::test_old_specs_keep_their_run_ids_and_a_changed_model_source_is_a_new_run": (),
+    "test_user_model_runs::test_bad_user_inputs_are_refused_naming_the_field": (),
+    "test_validation::test_estimate_follows_the_framework_and_strategy": (),
+    "test_wrong_data::test_position_and_segment_tables_are_not_the_token_table": (),
+}
+
+TESTS = Path(__file__).resolve().parent
+#: Audit events that start a process (Python's audit events table).
+SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system",
+                          "os.exec"})
+
+
+class UnmarkedProcessError(RuntimeError):
+    """A test not marked ``process`` started a process."""
+
+
+def module_name(path: Path) -> str | None:
+    """A test file's key in :data:`MODULE_MARKERS` (its path under tests/ without ``.py``); None elsewhere."""
+    try:
+        return path.resolve().relative_to(TESTS).with_suffix("").as_posix()
+    except ValueError:
+        return None
+
+
+def markers_of(path: Path, function: str) -> tuple[str, ...]:
+    """The markers of test ``function`` in ``path``: a notebook is ``process``; an unlisted module is too."""
+    if path.suffix == ".ipynb":
+        return (PROCESS,)
+    module = module_name(path)
+    if module is None:
+        return ()
+    if f"{module}::{function}" in TEST_MARKERS:
+        return TEST_MARKERS[f"{module}::{function}"]
+    return MODULE_MARKERS.get(module, (PROCESS,))  # unlisted: out of the fast loop, and test_markers fails
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        function = getattr(item, "originalname", None) or item.name
+        for marker in markers_of(Path(str(item.path)), function):
+            item.add_marker(marker)
+
+
+_started: dict[str, list[str]] = {}  # while a test not marked `process` runs: its nodeid -> processes it started
+
+
+def _record_spawn(event, args):
+    if _started and event in SPAWN_EVENTS:
+        for started in _started.values():
+            started.append(f"{event}: {str(args)[:200]}")
+
+
+sys.addaudithook(_record_spawn)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker(PROCESS) is None:
+        _started[item.nodeid] = []
+    try:
+        return (yield)
+    finally:
+        _started.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Fails the test's teardown if the test (its setup included) started a process unmarked. Recorded, not
+    refused: a process refused inside a library's thread (kaleido's Chromium) hung the test instead."""
+    result = yield
+    started = _started.get(item.nodeid)
+    if started and item.get_closest_marker(PROCESS) is None:
+        raise UnmarkedProcessError(
+            f"{item.nodeid} starts a process ({started[0]}) but is not marked 'process': name it in "
+            "tests/conftest.py's TEST_MARKERS or its module's MODULE_MARKERS")
+    return result

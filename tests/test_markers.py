@@ -1,0 +1,90 @@
+"""Every test module is classified (tests/conftest.py), so none joins the fast loop unclassified, and a test
+left unmarked that starts a process is stopped, naming it. One process: the modules are read with ``ast``."""
+
+import ast
+import re
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+REGISTERED = ("process", "browser", "rig", "network")
+#: An inner session that starts nothing itself (pytest-benchmark asks git, hg and file about the machine).
+QUIET = ("-p", "no:cacheprovider", "-p", "no:benchmark")
+
+
+@pytest.fixture(scope="module")
+def conf(request):
+    """tests/conftest.py as pytest loaded it (the one whose audit hook is live)."""
+    return request.config.pluginmanager.get_plugin(str(TESTS / "conftest.py"))
+
+
+def collected_modules(conf):
+    """The test modules pytest collects under tests/ (``python_files``' default patterns)."""
+    return sorted(conf.module_name(p) for p in TESTS.rglob("*.py") if re.fullmatch(r"test_.*|.*_test", p.stem))
+
+
+def test_every_test_module_is_in_the_table_and_the_table_names_only_test_modules(conf):
+    modules = collected_modules(conf)
+    assert len(modules) >= 60
+    missing = sorted(set(modules) - set(conf.MODULE_MARKERS))
+    assert missing == [], f"classify these in tests/conftest.py's MODULE_MARKERS: {missing}"
+    assert sorted(set(conf.MODULE_MARKERS) - set(modules)) == []  # no entry for a module that is gone
+
+
+def test_every_named_test_exists_and_every_marker_is_registered(conf):
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in options["addopts"].split()
+    assert sorted(m.split(":")[0] for m in options["markers"]) == sorted(REGISTERED)
+    for markers in [*conf.MODULE_MARKERS.values(), *conf.TEST_MARKERS.values()]:
+        assert set(markers) <= set(REGISTERED), markers
+    functions = {}
+    for key in conf.TEST_MARKERS:
+        module, function = key.split("::")
+        if module not in functions:
+            tree = ast.parse((TESTS / f"{module}.py").read_text())
+            functions[module] = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert function in functions[module], f"TEST_MARKERS names {key}, which is not a test there"
+
+
+def test_notebooks_and_unlisted_modules_are_process_and_overrides_win(conf):
+    markers_of = conf.markers_of
+    assert markers_of(ROOT / "notebooks" / "01_bucket_layouts.ipynb", "") == ("process",)
+    assert markers_of(TESTS / "test_no_such_module.py", "test_x") == ("process",)
+    assert markers_of(TESTS / "test_training.py", "test_a_done_spec_is_skipped") == ("process", "network")
+    assert markers_of(TESTS / "test_training.py", "test_bad_specs_are_refused_before_any_engine_starts") == ()
+    assert markers_of(TESTS / "test_planners.py", "test_anything") == ()
+
+
+def test_a_test_not_marked_process_that_starts_one_fails_naming_it(pytester, request, conf):
+    """tests/conftest.py in a pytester session of its own, in this process: a test left unmarked that starts a
+    process fails at teardown naming itself and what it started; the same test marked ``process`` passes. The
+    inner tests raise the audit event ``subprocess.Popen`` raises, without starting one."""
+    pytester.makeconftest((TESTS / "conftest.py").read_text() + textwrap.dedent("""
+        MODULE_MARKERS["test_spawns"] = ()
+        TEST_MARKERS["test_spawns::test_marked"] = (PROCESS,)
+    """))
+    pytester.makeini("[pytest]\naddopts = --strict-markers\nmarkers =\n    process\n    browser\n    rig\n    network\n")
+    pytester.makepyfile(test_spawns="""
+        import sys
+        def test_unmarked():
+            sys.audit("subprocess.Popen", "true", ["true"], None, None)
+        def test_marked():
+            sys.audit("subprocess.Popen", "true", ["true"], None, None)
+        def test_unmarked_in_one_process():
+            assert sum(range(4)) == 6
+    """)
+    result = pytester.runpytest_inprocess(*QUIET)
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_unmarked *",
+                                 "*UnmarkedProcessError: test_spawns.py::test_unmarked starts a process "
+                                 "(subprocess.Popen: *true* but is not marked 'process'*TEST_MARKERS*"])
+    assert "test_marked starts" not in result.stdout.str()
+    assert pytester.runpytest_inprocess("-m", "not process", *QUIET).ret == 1  # the error again
+    # This test's own hook heard the inner events too; none started a process.
+    assert set(conf._started.pop(request.node.nodeid)) == {"subprocess.Popen: ('true', ['true'], None, None)"}
