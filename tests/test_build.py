@@ -148,7 +148,7 @@ def test_progress_printer_lines_and_status(tmp_path):
 
 @pytest.mark.parametrize("done, expected", [(1, (None, None)), (3, "pace")])
 def test_sweep_clock_estimates_from_the_pace_of_steps(done, expected):
-    from workbench.views.progress import SweepClock
+    from workbench.launch.sweep import SweepClock
 
     clock = SweepClock(num_runs=4)
     clock.run_started()
@@ -186,7 +186,7 @@ def test_a_terminal_gets_one_status_line_with_a_bar(tmp_path):
 
 def test_all_done_means_every_run_stored_and_done():
     from workbench.launch.driver import RunOutcome
-    from workbench.views.progress import all_done
+    from workbench.launch.sweep import all_done
 
     assert all_done([RunOutcome("a", "done"), RunOutcome("b", "skipped")])
     assert not all_done([RunOutcome("a", "done"), RunOutcome("b", "failed", "rank 1 died", 1)])
