@@ -43,9 +43,9 @@ def collectives_per_bucket(strategy: str) -> int:
 def comm_size_checks(table: pd.DataFrame, *, all_runs_done: bool, num_specs: int, links: Mapping[Any, Any],
                      frameworks: Iterable[str], advised_size: int, sizes: Iterable[int],
                      peak_tolerance: float) -> dict[str, bool]:
-    """Notebook 05: every run done; a positive bandwidth fitted for every collective of both frameworks; fewer
-    buckets as ``communication_size`` grows (each strategy and precision); each run's collectives = buckets x the record's per
-    bucket; the advice one of the sizes swept; every peak within ``peak_tolerance`` of the model.
+    """Notebook 05: every run done; a positive bandwidth fitted for every collective of each framework; fewer
+    buckets as ``communication_size`` grows (each strategy and precision); each run's collectives = buckets x
+    the record's per bucket; the advice one of the sizes swept; every peak within ``peak_tolerance`` of the model.
 
     Args:
         table: :func:`workbench.studies.step_time.comm_size_table` of the sweep.
