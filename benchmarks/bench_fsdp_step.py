@@ -82,7 +82,8 @@ def ratio_table(framework: str, runs: list[list[dict]], args) -> dict[str, list[
 def print_phases(framework: str, runs: list[list[dict]], args) -> None:
     """Each part's median ms per strategy (DDP's all-reduce in the reduce_scatter row), then the physical
     limit of issue 30, FSDP <= DDP - (1 - 1/N) x DDP's update, and by how much each term of FSDP's step
-    exceeds its share of it: collectives (RS + AG - AR), gradient (- DDP's), update (- DDP's / N), packing."""
+    exceeds its share of it: collectives (RS + AG - AR), gradient (- DDP's), update (- DDP's / N), packing
+    (- DDP's): the terms sum to FSDP's parts minus the limit."""
     r0 = runs[0][0]
     names = list(r0["phases_s"])
     longest = max((list(r0["phases_s"][name]) for name in names), key=len)  # FSDP's order of parts
@@ -114,12 +115,16 @@ def print_phases(framework: str, runs: list[list[dict]], args) -> None:
     limit = total - (1 - 1 / n) * ddp["update"]
     grad = next((p for p in ("gradient", "grad") if p in ddp), None)
     fsdp = [name for name in names if not name.startswith("ddp")]
+
+    def packing(m):  # JAX's pack and unpack (the pytree step's parts), MLX's bucket rows and rebuild
+        return sum(v for p, v in m.items() if p in ("pack", "unpack", "rows", "rebuild"))
+
     print(f"limit, DDP - (1 - 1/{n}) x update = {limit:.1f} ms ({limit / total:.3f} x DDP); "
           "FSDP over the limit, by term (ms):")
     terms = {"collectives": lambda m: m.get("reduce_scatter", 0) + m.get("all_gather", 0) - ddp["reduce_scatter"],
              "gradient": lambda m: m.get(grad, 0) - ddp.get(grad, 0),
              "update": lambda m: m.get("update", 0) - ddp["update"] / n,
-             "packing": lambda m: sum(v for p, v in m.items() if p in ("pack", "unpack", "rows", "rebuild"))}
+             "packing": lambda m: packing(m) - packing(ddp)}
     print(f"{'':<16}" + "".join(f"{name:>{width}}" for name in fsdp))
     for term, excess in terms.items():
         print(f"{term:<16}" + "".join(f"{excess(ms[name]):>{width}.1f}" for name in fsdp))
