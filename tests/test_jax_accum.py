@@ -44,23 +44,41 @@ def unit_loss(h, batch):
     return jnp.mean((h - batch[1]) ** 2)
 
 
+_STEPS: dict = {}  # (strategy, G, defer_sync) -> its step on the 1-D mesh, compiled once for every test here
+
+
 def build(strategy, num_microbatches, defer_sync, mesh=None):
-    """(step, params, opt_state, batch) ready to run; ZeRO-3's params are its sharded rows."""
+    """(step, params, opt_state, batch) ready to run, params and batch placed as the step takes them (so its
+    first call compiles the program every later call runs); ZeRO-3's params are its sharded rows. On the 1-D
+    mesh a step is made once per (strategy, G, defer_sync) and shared by the tests: each compiles the program
+    once, where the equality test and the program test compiled it again."""
     params, batch = problem()
-    mesh, opt, kw = mesh or mesh_1d(), make_optimizer("adamw"), dict(num_microbatches=num_microbatches,
-                                                                      defer_sync=defer_sync, max_norm=MAX_NORM)
+    key = (strategy, num_microbatches, defer_sync)
+    if mesh is not None or key not in _STEPS:
+        step = make_step(strategy, num_microbatches, defer_sync, params, mesh or mesh_1d())
+        if mesh is not None:
+            return place(step, strategy, params, batch)
+        _STEPS[key] = step
+    return place(_STEPS[key], strategy, params, batch)
+
+
+def make_step(strategy, num_microbatches, defer_sync, params, mesh):
+    opt, kw = make_optimizer("adamw"), dict(num_microbatches=num_microbatches, defer_sync=defer_sync, max_norm=MAX_NORM)
     if strategy == "ddp":
-        step = make_ddp_step(mlp_loss, params, opt, mesh, **kw)
-        return step, params, step.init(params), batch
+        return make_ddp_step(mlp_loss, params, opt, mesh, **kw)
     if strategy.startswith("fsdp"):
-        step = make_fsdp_step(mlp_loss, params, opt, mesh, layout=strategy[5:], communication_size=CAP, **kw)
-        p = jax.device_put(params, step.param_sharding)
-        return step, p, step.init(p), jax.device_put(batch, step.batch_sharding)
+        return make_fsdp_step(mlp_loss, params, opt, mesh, layout=strategy[5:], communication_size=CAP, **kw)
     units = [params["l0"], params["l1"], params["l2"]]
-    step = make_zero3_step(unit_fns(), unit_loss, units, opt, mesh, reshard_after_forward=strategy == "zero3-reshard",
+    return make_zero3_step(unit_fns(), unit_loss, units, opt, mesh, reshard_after_forward=strategy == "zero3-reshard",
                            **kw)
-    sharded, state = step.init(units)
-    return step, sharded, state, jax.device_put(batch, step.batch_sharding)
+
+
+def place(step, strategy, params, batch):
+    if strategy.startswith("zero3"):
+        sharded, state = step.init([params["l0"], params["l1"], params["l2"]])
+        return step, sharded, state, jax.device_put(batch, step.batch_sharding)
+    p = jax.device_put(params, step.param_sharding)  # DDP too: unplaced, its first call compiled a second program
+    return step, p, step.init(p), jax.device_put(batch, step.batch_sharding)
 
 
 def train(strategy, num_microbatches, defer_sync):
@@ -182,7 +200,7 @@ def test_xla_memory_plans_of_both_modes_on_a_small_lm():
     from workbench.models.jax_lm import make_loss_fn
     from workbench.ranks.train_jax import lm_units
 
-    cfg = LMConfig(vocab_size=1024, seq_len=8, dim=256, num_layers=2, num_heads=4, mlp_dim=1024)
+    cfg = LMConfig(vocab_size=1024, seq_len=8, dim=256, num_layers=1, num_heads=4, mlp_dim=1024)
     grad_bytes = 4 * num_params(cfg)
     params = {k: jnp.asarray(v) for k, v in init_lm_params(cfg, 0).items()}
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (16, cfg.seq_len + 1)), jnp.int32)
@@ -230,17 +248,18 @@ def test_bad_inputs_are_refused_by_name():
             step.step(p, state, (batch[0][:30], batch[1][:30]))
 
 
-def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(tmp_path):
+def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(tmp_path, shared_runs):
     """Real ipyparallel engines, two JAX processes over gloo: fsdp-row with G=2 per-micro-batch sync
-    counts G reduce-scatters per bucket in every step row and matches the G=1 run's losses."""
+    counts G reduce-scatters per bucket in every step row and matches the G=1 run's losses. The G=1 run is
+    tests/test_train_jax.py's fsdp-row run (the same spec), trained once a session."""
     from workbench.launch.driver import run_training
     from workbench.runs.spec import RunSpec
     from workbench.runs.tables import load_runs
 
     tiny = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)
-    specs = {g: RunSpec(framework="jax", strategy="fsdp-row", num_ranks=2, steps=3, global_batch=8, model=tiny,
+    specs = {g: RunSpec(framework="jax", strategy="fsdp-row", num_ranks=2, steps=4, global_batch=8, model=tiny,
                         num_microbatches=g, defer_sync=False) for g in (1, 2)}
-    outcomes = {g: run_training(s, tmp_path) for g, s in specs.items()}
+    outcomes = {1: shared_runs.run(specs[1], tmp_path), 2: run_training(specs[2], tmp_path)}
     assert {g: o.status for g, o in outcomes.items()} == {1: "done", 2: "done"}, outcomes
     loaded = load_runs(tmp_path)
     assert loaded.problems == []
@@ -252,7 +271,7 @@ def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(t
         nb = collectives["all_gather"]  # one all-gather per bucket
         assert collectives == {"all_reduce": 0, "reduce_scatter": g * nb, "all_gather": nb}, collectives
         assert all(r["collectives"] == collectives and r["num_collectives"] == (g + 1) * nb for r in ranks)
-        assert sorted(zip(rows.step, rows["rank"])) == [(s, r) for s in range(3) for r in range(2)]
+        assert sorted(zip(rows.step, rows["rank"])) == [(s, r) for s in range(4) for r in range(2)]
         assert set(rows.num_collectives) == {(g + 1) * nb}
         curves[g] = rows.groupby("step").loss.mean().to_numpy()
     print("losses G=1:", curves[1], "G=2 per-micro:", curves[2])
