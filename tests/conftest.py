@@ -18,6 +18,7 @@ process (``subprocess``, ``os.fork``/``exec``/``spawn``/``system``) fails its te
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -212,6 +213,36 @@ def pytest_collection_modifyitems(items):
         function = getattr(item, "originalname", None) or item.name
         for marker in markers_of(Path(str(item.path)), function):
             item.add_marker(marker)
+
+
+class SharedRuns:
+    """One run store for the session: a spec that several tests train (the same run id) is trained once."""
+
+    def __init__(self, root: Path):
+        self.root, self.outcomes = root, {}
+
+    def run(self, spec, root: Path, **kwargs):
+        """``spec`` trained by ``run_training`` into the session's store the first time it is asked for (again
+        if that run did not finish), its run folder copied into ``root`` so that ``load_runs(root)`` reads it
+        beside the caller's own runs; returns the run's first outcome ("done" on every ask)."""
+        from workbench.launch.driver import run_training
+        from workbench.runs.store import run_id_for
+
+        key = run_id_for(spec.to_dict())
+        if key not in self.outcomes or self.outcomes[key].status != "done":
+            self.outcomes[key] = run_training(spec, self.root, **kwargs)
+        outcome = self.outcomes[key]
+        if outcome.status == "done":
+            shutil.copytree(self.root / outcome.run_id, Path(root) / outcome.run_id, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(".lock"))
+        return outcome
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> SharedRuns:
+    """Runs shared between test modules: test_train_jax's fsdp-row run is test_jax_accum's G=1 run; the
+    memory validation's runs (test_validation) are there for any module that runs the same specs."""
+    return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 
 _started: dict[str, list[str]] = {}  # while a test not marked `process` runs: its nodeid -> processes it started

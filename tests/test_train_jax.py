@@ -7,7 +7,6 @@ batches from the same init, so each must reproduce DDP's loss curve step for ste
 import numpy as np
 import pytest
 
-from workbench.launch.driver import run_training
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 
@@ -21,9 +20,9 @@ def spec(**kw):
 
 
 @pytest.fixture(scope="module")
-def jax_runs(tmp_path_factory):
+def jax_runs(tmp_path_factory, shared_runs):
     root = tmp_path_factory.mktemp("runs")
-    outcomes = {s: run_training(spec(strategy=s), root) for s in STRATEGIES}
+    outcomes = {s: shared_runs.run(spec(strategy=s), root) for s in STRATEGIES}  # fsdp-row: test_jax_accum's G=1
     return root, outcomes
 
 

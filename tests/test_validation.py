@@ -3,7 +3,6 @@
 import pytest
 
 from workbench.estimate.breakdown import PHASES
-from workbench.launch.driver import run_training
 from workbench.runs.estimate import estimate_run_memory, spec_from_row
 from workbench.runs.spec import VALIDATION_MODEL, RunSpec
 from workbench.runs.tables import load_runs
@@ -16,10 +15,10 @@ def spec(framework, strategy, **kw):
 
 
 @pytest.fixture(scope="module")
-def validated(tmp_path_factory):
+def validated(tmp_path_factory, shared_runs):
     root = tmp_path_factory.mktemp("runs")
     runs = [("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"), ("jax", "ddp"), ("jax", "fsdp-full")]
-    outcomes = {r: run_training(spec(*r), root) for r in runs}
+    outcomes = {r: shared_runs.run(spec(*r), root) for r in runs}  # trained once a session, whoever asks first
     assert {o.status for o in outcomes.values()} == {"done"}, {r: o.error for r, o in outcomes.items()}
     loaded = load_runs(root)
     return loaded, memory_validation(loaded)
