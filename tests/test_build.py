@@ -75,8 +75,8 @@ def test_progress_names_each_run_and_a_second_build_skips_what_is_stored(tmp_pat
     code, out, err = build(tmp_path, nb)
     assert code == 0, err
     assert "[1/1] 02_sweep.ipynb: executing (4 cells)" in out
-    assert "run 1/2 mlx ddp communication_size 32.00 MiB: started, 4 steps" in out
-    assert "run 2/2 mlx fsdp-flat communication_size 32.00 MiB: done in" in out
+    assert "run 1/2 mlx ddp: started, 4 steps" in out
+    assert "run 2/2 mlx fsdp-flat: done in" in out
     assert "workbench build: done in" in out
     html = (tmp_path / "build" / "html" / "02_sweep.html").read_text()
     assert "[&#x27;done&#x27;, &#x27;done&#x27;]" in html or "['done', 'done']" in html
@@ -93,7 +93,7 @@ def test_a_failed_run_fails_the_build_naming_the_run(tmp_path):
     assert code == 1
     (line,) = err.strip().splitlines()
     assert line.startswith("workbench build failed: ") and "03_fail.ipynb: run " in line
-    assert "(mlx ddp communication_size 32.00 MiB) failed: ranks [0, 1] did not finish within 0.01 s" in line, line
+    assert "(mlx ddp) failed: ranks [0, 1] did not finish within 0.01 s" in line, line
     assert "and 1 more failed runs" in line
 
 
@@ -117,8 +117,8 @@ def test_interrupted_build_continues_where_it_stopped(tmp_path):
 
     code, out, err = build(tmp_path, nb)  # again: the stored run is skipped, the interrupted one redone
     assert code == 0, err
-    assert "run 1/2 mlx ddp communication_size 32.00 MiB: already stored: skipped" in out
-    assert "run 2/2 mlx fsdp-flat communication_size 32.00 MiB: done in" in out
+    assert "run 1/2 mlx ddp: already stored: skipped" in out
+    assert "run 2/2 mlx fsdp-flat: done in" in out
 
 
 def test_progress_printer_lines_and_status(tmp_path):
