@@ -14,6 +14,8 @@ tests that need nothing but this process. A module takes its markers from :data:
 ``process`` (each runs a kernel). While a test not marked ``process`` runs (setup to teardown), starting a
 process (``subprocess``, ``os.fork``/``exec``/``spawn``/``system``) fails its teardown with
 :class:`UnmarkedProcessError` naming the test, so a new test that starts processes cannot stay in the fast loop.
+
+Also :func:`shared_runs`: a run that several modules train with the same spec is trained once a session.
 """
 
 from __future__ import annotations
