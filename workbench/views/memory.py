@@ -205,7 +205,7 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
     if table is None or table.empty:
         raise ValueError("table: no rows (no done runs with measurements in this store).")
     components = [c for c in ("parameters", "optimizer_state", "peak") if c in set(table.component)]
-    layout, refs = subplot_grid(1, len(components), components, hspace=0.06)
+    layout, refs = subplot_grid(1, len(components), components, hspace=0.1)  # room for a long run name
     rows, traces = _worst_rows(table), []
     for k, (comp, (xr, yr)) in enumerate(zip(components, refs)):
         r = rows[rows.component == comp]
@@ -224,6 +224,9 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
                            hovertemplate=f"%{{x}}<br>predicted %{{y:.3f}} {unit}<extra></extra>"))
         if k == 0:
             layout["yaxis"].update(title=dict(text=unit))
+    # Run names as long as "mlx mlx-fully-shard" take two tick lines: the legend goes below them.
+    layout["legend"] = dict(orientation="h", yanchor="top", y=-0.32, x=0)
+    layout["margin"] = dict(l=60, r=20, t=80, b=110)
     title = ("Memory model against stored runs: measured / predicted per rank (worst rank shown)"
              "<br><sup>targets: parameters and optimizer state 5%, MLX peak 10%; JAX peak (grey) is XLA's plan</sup>")
     return figure(traces, layout, title, height)
