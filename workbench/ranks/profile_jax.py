@@ -26,16 +26,13 @@ import time
 from workbench.ranks.probes import package_versions
 from workbench.ranks.profile_probe import (
     GLIBC_MMAP_THRESHOLD_MAX,
-    exit_with_parent,
-    load_spec,
     map_large_allocations,
     median,
-    parse_profile_args,
+    profile_main,
     rss_above,
     status_bytes,
     thread_count,
     token_batch,
-    write_result,
 )
 from workbench.ranks.user_model import jax_params_and_loss
 
@@ -118,10 +115,7 @@ def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_profile_args(argv, "Profile a JAX model on one process (workbench issue 26).")
-    exit_with_parent()
-    write_result(args.out, measure_jax(load_spec(args.spec), args.sizes, args.repeats))
-    return 0
+    return profile_main(argv, "JAX", measure_jax)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,10 @@ import time
 
 from workbench.ranks.probes import package_versions, peak_rss_bytes, tree_nbytes
 from workbench.ranks.profile_probe import (
-    exit_with_parent,
-    load_spec,
     median,
-    parse_profile_args,
+    profile_main,
     thread_count,
     token_batch,
-    write_result,
 )
 from workbench.ranks.user_model import mlx_model_and_loss
 
@@ -83,10 +80,7 @@ def measure_mlx(spec, sizes: list[int], repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_profile_args(argv, "Profile an MLX model on one process (workbench issue 26).")
-    exit_with_parent()
-    write_result(args.out, measure_mlx(load_spec(args.spec), args.sizes, args.repeats))
-    return 0
+    return profile_main(argv, "MLX", measure_mlx)
 
 
 if __name__ == "__main__":

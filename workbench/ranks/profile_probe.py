@@ -158,3 +158,13 @@ def thread_count() -> int | None:
     it for every rank), or None."""
     value = os.environ.get("OMP_NUM_THREADS", "")
     return int(value) if value.isdigit() else None
+
+
+def profile_main(argv: list[str] | None, framework: str, measure: Callable[..., dict]) -> int:
+    """The profile programs' command line: read the spec, measure it with ``measure(spec, sizes, repeats)``,
+    write the result atomically; the process ends with its parent."""
+    args = parse_profile_args(argv, f"Profile a {framework} model on one process (workbench issue 26).")
+    exit_with_parent()
+    write_result(args.out, measure(load_spec(args.spec), args.sizes, args.repeats))
+    return 0
+

@@ -17,7 +17,7 @@ from workbench.core.buckets import plan_buckets
 from workbench.core.fully_shard_plan import check_fully_shard
 from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec
-from workbench.strategies.collectives import bus_factor, count_of_ranks
+from workbench.strategies.collectives import COLLECTIVE_KINDS, bus_factor, count_of_ranks
 
 #: Strategy families: all-reduce everything (``data_parallel``); shard the optimizer side and sync by
 #: reduce-scatter, gathering parameters after the update (``zero_1_2``: MLX's FSDP step too); shard
@@ -228,8 +228,6 @@ class Strategy:
 
     def collective_counts(self, shape: StepShape) -> dict[str, int]:
         """Collectives per step by kind (every kind of :data:`COLLECTIVE_KINDS`, zeros included)."""
-        from workbench.strategies.collectives import COLLECTIVE_KINDS
-
         out = dict.fromkeys(COLLECTIVE_KINDS, 0)
         for c in self.step_collectives(shape):
             out[c.kind] += c.count
