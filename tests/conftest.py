@@ -94,6 +94,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_runs_view": (),
     "test_runstore": (),
     "test_slides": (),
+    "test_step_time": (),
     "test_step_timing_workers": ENGINES,
     "test_store_faults": (),
     "test_stored_outputs": (),

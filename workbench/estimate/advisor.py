@@ -77,7 +77,7 @@ def default_sizes(spec: ModelSpec, smallest: int = 256 * KiB) -> tuple[int, ...]
         s *= 2
 
 
-def _links_by_kind(links: Mapping, framework: str) -> dict[str, AlphaBeta]:
+def links_by_kind(links: Mapping, framework: str) -> dict[str, AlphaBeta]:
     """``{kind: AlphaBeta}`` from either ``{kind: ...}`` or fit_links' ``{(framework, kind): ...}``."""
     out = {}
     for key, link in links.items():
@@ -121,7 +121,7 @@ def predict_sync_curve(spec: ModelSpec, num_shards: int, links: Mapping, *, size
     if not sizes or any(as_whole(s) is None or as_whole(s) <= 0 for s in sizes):
         raise ValueError(f"sizes must be positive integers (bytes), got {list(sizes)!r}.")
     sizes = tuple(as_whole(s) for s in sizes)
-    by_kind = _links_by_kind(links, framework)
+    by_kind = links_by_kind(links, framework)
     curve = []
     for size in sorted(set(sizes)):
         buckets = plan_buckets(spec, size)

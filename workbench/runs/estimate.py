@@ -14,14 +14,15 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from workbench.core.buckets import plan_buckets
-from workbench.core.fully_shard_plan import plan_fully_shard
+from workbench.core.fully_shard_plan import ROOT, plan_fully_shard
 from workbench.core.shards import plan_shards
 from workbench.core.specs import DTYPE_BYTES, ModelSpec, spec_from_flat
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
+from workbench.estimate.step_time import StepTimePrediction, predict_step_time, rank_update_bytes
 from workbench.models.init import LMConfig, lm_model_spec
-from workbench.strategies import get_strategy
+from workbench.strategies import StepShape, get_strategy
 
 #: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).
 FRAMEWORK_UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
@@ -141,3 +142,100 @@ def spec_from_row(run: Mapping[str, Any]) -> dict:
     return spec
 
 
+
+
+def _unit_bytes(fields: Mapping[str, Any], model: ModelSpec) -> tuple[tuple[float, bool], ...]:
+    """A unit-gathering run's units in forward order: (bytes, gathered again in backward). MLX wraps each block,
+    then the root; JAX chains the embeddings, each block, then the norm and head (one unit where the embeddings
+    are tied, or for a user's model), every unit regathered in backward (``jax.checkpoint`` per unit)."""
+    record = get_strategy(fields["strategy"])
+    if fields["framework"] == "mlx":
+        return tuple((float(u.param_bytes), record.reshard_after_forward and u.name != ROOT)
+                     for u in plan_fully_shard(model, fields["num_ranks"]).units)
+    if fields.get("model_factory") is not None or fields["model"].get("tie_embeddings"):
+        return ((float(model.nbytes), True),)
+    groups: dict[str, float] = {}
+    for p in model:
+        parts = p.path.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "layers" else ("embed" if "embed" in parts[0] else "head")
+        groups[key] = groups.get(key, 0.0) + p.nbytes
+    order = ["embed", *(k for k in groups if k.startswith("layers.")), "head"]
+    return tuple((groups[k], True) for k in order if k in groups)
+
+
+def run_step_shape(spec: Any, model_shapes: Any = None) -> StepShape:
+    """What one optimizer step of a run syncs and gathers, for its strategy record: the buckets of
+    ``communication_size`` (JAX's DDP: each array; a unit-gathering strategy: its units), G and
+    ``defer_sync``, and whether the step all-reduces the gradient norm (MLX always; JAX where ``max_norm`` is set).
+    ``spec``: a RunSpec or its dict; ``model_shapes`` as :func:`run_model_spec`."""
+    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    record = get_strategy(fields["strategy"])
+    impl = record.implementation(fields["framework"])
+    model = run_model_spec(fields, model_shapes)
+    units = _unit_bytes(fields, model) if record.gathers_units else None
+    if impl.sync_per == "array":
+        sync = tuple(float(p.nbytes) for p in model)
+    elif units is not None:
+        sync = tuple(b for b, _ in units)
+    else:
+        buckets = plan_buckets(model, fields["communication_size"])
+        plan = plan_shards(buckets, fields["num_ranks"], record.layout) if record.layout else None
+        sync = tuple(float(b) for b in (buckets.bucket_bytes if plan is None else
+                                        plan.bucket_chunk_elems * plan.num_shards * buckets.bucket_itemsize))
+    return StepShape(num_ranks=fields["num_ranks"], sync_bytes=sync, units=units,
+                     num_microbatches=fields.get("num_microbatches", 1), defer_sync=fields.get("defer_sync", True),
+                     reduces_norm=impl.reduces_norm(fields.get("max_norm") is not None))
+
+
+def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shapes: Any = None,
+                          per_bucket_s: float = 0.0) -> StepTimePrediction:
+    """One rank's optimizer step of a run, in seconds by term, from its model's measured profile.
+
+    The advisor's call: ``predict_run_step_time(spec, profile, links)``.
+
+    Args:
+        spec: A :class:`~workbench.runs.spec.RunSpec` or its dict: ``framework``, ``strategy``, ``num_ranks``,
+            ``global_batch`` and ``num_microbatches`` G (the micro-batch is ``global_batch // (N * G)``
+            sequences), ``communication_size``, ``defer_sync``, ``max_norm``, the model.
+        profile: The model's :class:`~workbench.runs.profile.ModelProfile`
+            (:func:`workbench.launch.profile.profile_model` of the same spec: measured with the threads a
+            rank of this run gets). Its compute line gives each micro-batch's forward and backward seconds,
+            its update seconds per parameter byte the update of this rank's shard.
+        links: The placement's fitted links, ``{(framework, kind): AlphaBeta}``
+            (:func:`workbench.studies.step_time.fit_links` of its collective benchmark) or ``{kind: AlphaBeta}``.
+        model_shapes: A user model's parameters (:func:`run_model_spec`); ignored for the built-in LM.
+        per_bucket_s: Seconds each synced bucket costs beyond its collectives (the bucket-size advisor's).
+
+    Returns:
+        :class:`~workbench.estimate.step_time.StepTimePrediction`: compute (G micro-batches), update,
+        collectives (the strategy record's for G and ``defer_sync``) and per-bucket seconds.
+
+    Raises:
+        ValueError: the profile is of another model, precision, sequence length or framework, or a collective
+            of the step has no fitted link (each named).
+    """
+    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    _check_profile_fits(fields, profile)
+    record = get_strategy(fields["strategy"])
+    n, g = fields["num_ranks"], fields.get("num_microbatches", 1)
+    shape = run_step_shape(fields, model_shapes)
+    model = run_model_spec(fields, model_shapes)
+    by_buckets = record.units == "buckets" and record.implementation(fields["framework"]).sync_per == "bucket"
+    return predict_step_time(
+        compute_s_per_microbatch=profile.compute_s_at(fields["global_batch"] // (n * g)), num_microbatches=g,
+        update_s_per_param_byte=profile.update_s_per_param_byte,
+        update_param_bytes=rank_update_bytes(model.nbytes, n, record.sharded.optimizer),
+        collectives=record.step_collectives(shape), links=links, framework=fields["framework"],
+        buckets_synced=len(shape.sync_bytes) * shape.syncs if by_buckets and n > 1 else 0, per_bucket_s=per_bucket_s)
+
+
+def _check_profile_fits(fields: Mapping[str, Any], profile: Any) -> None:
+    """A ValueError naming each field where ``profile`` measured another model than the run's."""
+    key = profile.key_fields
+    model = ({"factory": fields["model_factory"], "source_sha256": fields.get("model_source_sha256")}
+             if fields.get("model_factory") is not None else {"lm": dict(fields["model"])})
+    want = {"framework": fields["framework"], "precision": fields["precision"], "model": model,
+            "seq_len": fields["model"]["seq_len"]}
+    wrong = [f"{name}: {key.get(name)!r}, not {value!r}" for name, value in want.items() if key.get(name) != value]
+    if wrong:
+        raise ValueError(f"the profile {profile.key} measured another model than this run ({'; '.join(wrong)})")

@@ -1,0 +1,153 @@
+"""A training step's seconds predicted from a model's measured profile (issue 26).
+
+One optimizer step of a rank is, with nothing overlapping (the trainers evaluate each micro-batch's
+backward before its sync starts, and update after it):
+
+* **compute**: forward and backward of G micro-batches, each the profile's measured seconds at the run's
+  micro-batch size (measured on one process with the threads a rank gets);
+* **update**: the optimizer's update of what this rank updates: the profile's seconds per parameter byte
+  times the bytes of the rank's shard (all the parameters where the optimizer is not sharded);
+* **collectives**: what the strategy record issues for G micro-batches (synced once or after each,
+  :meth:`~workbench.strategies.Strategy.step_collectives`), each kind priced by the placement's fitted
+  alpha-beta link (:class:`~workbench.estimate.comm.AlphaBeta`: ``alpha * ring steps + bytes / beta``);
+* **per bucket**: the seconds each synced bucket costs beyond its collectives' latency (packing, dispatch:
+  the bucket-size advisor's ``per_bucket_s``, :func:`~workbench.estimate.advisor.predict_sync_curve`), times
+  the buckets synced in a step.
+
+Pure: standard library only, and the layers below (the run's side: :func:`workbench.runs.estimate.predict_run_step_time`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Mapping
+
+from workbench.estimate.advisor import links_by_kind
+from workbench.estimate.comm import AlphaBeta
+from workbench.strategies import Collective, ring_steps
+
+#: The terms of a prediction, in the order a step spends them; a validation names the one that is off.
+TERMS = ("compute", "update", "collectives", "per_bucket")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimePrediction:
+    """Seconds of one optimizer step of one rank, by term (nothing overlaps: the total is their sum).
+
+    Attributes:
+        compute_s: Forward and backward of the step's G micro-batches.
+        update_s: The optimizer's update of this rank's parameters (its shard where sharded).
+        comm_s: The step's collectives, priced by the fitted links.
+        per_bucket_s: The synced buckets' fixed cost beyond their collectives (per bucket times buckets).
+        comm_by_kind: ``comm_s`` by collective kind (seconds).
+        num_collectives: Collectives the step issues (all kinds).
+    """
+
+    compute_s: float
+    update_s: float
+    comm_s: float
+    per_bucket_s: float
+    comm_by_kind: Mapping[str, float] | None = None
+    num_collectives: int = 0
+
+    @property
+    def total_s(self) -> float:
+        """The step: the sum of the four terms, in seconds."""
+        return self.compute_s + self.update_s + self.comm_s + self.per_bucket_s
+
+    def term_s(self, term: str) -> float:
+        """Seconds of one of :data:`TERMS`."""
+        if term not in TERMS:
+            raise ValueError(f"term {term!r}: one of {', '.join(TERMS)}")
+        return {"compute": self.compute_s, "update": self.update_s, "collectives": self.comm_s,
+                "per_bucket": self.per_bucket_s}[term]
+
+    def to_dict(self) -> dict:
+        """The terms and ``total_s`` (seconds), the collectives by kind and their count."""
+        out = asdict(self)
+        out["comm_by_kind"] = dict(self.comm_by_kind or {})
+        out["total_s"] = self.total_s
+        return out
+
+
+def _nonnegative(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r}: a finite number >= 0")
+    return float(value)
+
+
+def _count(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r}: an integer >= {low}")
+    return value
+
+
+def rank_update_bytes(parameter_bytes: int, num_ranks: int, sharded_optimizer: bool) -> int:
+    """Bytes of parameters one rank's optimizer updates: all of them, or its shard (``ceil(P / N)``: the shard
+    plans pad the last rows, so the largest shard sets the step)."""
+    p, n = _count("parameter_bytes", parameter_bytes, 0), _count("num_ranks", num_ranks, 1)
+    return -(-p // n) if sharded_optimizer else p
+
+
+def collective_seconds(collectives: Iterable[Collective], links: Mapping, framework: str | None = None
+                       ) -> dict[str, float]:
+    """Seconds of ``collectives`` by kind, each ``count`` collectives of ``data_bytes`` in all over their group:
+    ``alpha * count * ring steps + bytes sent per rank / beta``.
+
+    Args:
+        collectives: :meth:`~workbench.strategies.Strategy.step_collectives` of a step.
+        links: ``{kind: AlphaBeta}``, or ``fit_links``' ``{(framework, kind): AlphaBeta}`` (read for ``framework``).
+        framework: Which framework's links to read from a ``(framework, kind)`` mapping.
+
+    Raises:
+        ValueError: a collective kind with no fitted link, naming it.
+    """
+    by_kind: dict[str, AlphaBeta] = links_by_kind(links, framework or "")
+    out: dict[str, float] = {}
+    for c in collectives:
+        if c.count == 0 or c.group_size < 2:
+            continue
+        if c.kind not in by_kind:
+            where = f"{framework} " if framework else ""
+            raise ValueError(f"no fitted link for {where}{c.kind}: run the collective benchmark of this placement "
+                             f"(workbench.launch.benchmark) for it; links hold {sorted(by_kind) or 'none'}")
+        steps = c.count * ring_steps(c.kind, c.group_size)
+        out[c.kind] = out.get(c.kind, 0.0) + float(by_kind[c.kind].predict_s(c.rank_bytes, steps))
+    return out
+
+
+def predict_step_time(*, compute_s_per_microbatch: float, num_microbatches: int, update_s_per_param_byte: float,
+                      update_param_bytes: int, collectives: Iterable[Collective] = (), links: Mapping | None = None,
+                      framework: str | None = None, buckets_synced: int = 0, per_bucket_s: float = 0.0
+                      ) -> StepTimePrediction:
+    """One rank's optimizer step, in seconds, by term (see the module docstring).
+
+    Args:
+        compute_s_per_microbatch: Forward and backward of one micro-batch (the profile's, at the run's size), s.
+        num_microbatches: G, micro-batches per step (>= 1).
+        update_s_per_param_byte: The optimizer's update, seconds per byte of parameters updated (the profile's).
+        update_param_bytes: Bytes of parameters this rank updates (:func:`rank_update_bytes`).
+        collectives: The step's collectives (the strategy record's, for G and ``defer_sync``).
+        links: Fitted links by kind (see :func:`collective_seconds`); needed when ``collectives`` has any.
+        framework: Which framework's links to read from a ``(framework, kind)`` mapping.
+        buckets_synced: Buckets synced in a step (buckets per sync times syncs; 0 where nothing syncs by buckets).
+        per_bucket_s: Seconds each synced bucket costs beyond its collectives (>= 0).
+
+    Raises:
+        ValueError: a negative or non-finite number, G < 1, or a collective with no link (each named).
+    """
+    compute = _nonnegative("compute_s_per_microbatch", compute_s_per_microbatch)
+    g = _count("num_microbatches", num_microbatches, 1)
+    rate = _nonnegative("update_s_per_param_byte", update_s_per_param_byte)
+    nbytes = _count("update_param_bytes", update_param_bytes, 0)
+    buckets, per_bucket = _count("buckets_synced", buckets_synced, 0), _nonnegative("per_bucket_s", per_bucket_s)
+    collectives = tuple(collectives)
+    priced = [c for c in collectives if c.count and c.group_size > 1]
+    if priced and links is None:
+        raise ValueError("links=None: the step has collectives to price; give the placement's fitted links "
+                         "(workbench.studies.step_time.fit_links of its collective benchmark)")
+    by_kind = collective_seconds(priced, links or {}, framework)
+    return StepTimePrediction(compute_s=compute * g, update_s=rate * nbytes, comm_s=sum(by_kind.values()),
+                              per_bucket_s=per_bucket * buckets, comm_by_kind=by_kind,
+                              num_collectives=sum(c.count for c in priced))
