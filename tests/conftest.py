@@ -39,6 +39,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_build": ENGINES,
     "test_build_inputs": ENGINES,
     "test_cli_errors": (PROCESS,),
+    "test_cluster_profile": ENGINES,
     "test_collectives": ENGINES,
     "test_comm": (),
     "test_config_inputs": (),

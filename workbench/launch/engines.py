@@ -166,7 +166,8 @@ class EngineRun:
         try:
             cluster.stop_cluster_sync()
         except Exception:
-            pass
+            pass  # the controller's engine-state file is the one file of the run ipyparallel leaves behind:
+        Path(cluster.profile_dir, "log", f"engines{cluster.cluster_id}.json").unlink(missing_ok=True)
         if self._tmp is not None:
             self._tmp.cleanup()
         if self.reaper is not None:
@@ -205,6 +206,7 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
     config = cluster_kwargs.setdefault("config", Config())  # native output straight to the engine's log
     config.EngineLauncher.engine_args = [*config.EngineLauncher.get("engine_args", []), ENGINE_ARG]
     cluster_kwargs.setdefault("cluster_id", f"{CLUSTER_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
+    cluster_kwargs.setdefault("profile_dir", str(cluster_profile_dir()))
     cluster = ipp.Cluster(n=0, controller_ip=plan.host, log_level=logging.ERROR,
                           engine_launcher_class=engine_launcher_class, **cluster_kwargs)
     remove_stale_cluster_files(Path(cluster.cluster_file).parent)
@@ -239,6 +241,12 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         raise EngineFailure(f"engines did not start: {err}", None) from err
     run.started_s = time.monotonic() - t0
     return run
+
+
+def cluster_profile_dir() -> Path:
+    """Our clusters' IPython profile folder: ``$WORKBENCH_CLUSTER_DIR``, else ``~/.cache/workbench/ipyparallel``; never in
+    ``$IPYTHONDIR``, whose ``profile_*`` clusters a JupyterLab's ipyparallel extension adopts, logs deleted (issue 29)."""
+    return Path(os.environ.get("WORKBENCH_CLUSTER_DIR") or Path.home() / ".cache" / "workbench" / "ipyparallel")
 
 
 #: Prefix of the ipyparallel cluster ids (and so ``cluster-<id>.json`` files) this module starts.

@@ -30,6 +30,7 @@ from workbench.launch.engines import (
     FAST_HEARTBEAT,
     EngineFailure,
     EngineRun,
+    cluster_profile_dir,
     is_port_clash,
     rank_identity,
     run_on_fresh_ports,
@@ -170,7 +171,8 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
             tmp.cleanup()
         raise
     cluster = ipp.Cluster(n=0, controller_ip=ip, log_level=logging.ERROR, engine_launcher_class=launcher,
-                          controller_args=list(FAST_HEARTBEAT), cluster_id=f"workbench-remote-{time.time_ns():x}")
+                          controller_args=list(FAST_HEARTBEAT), cluster_id=f"workbench-remote-{time.time_ns():x}",
+                          profile_dir=str(cluster_profile_dir()))  # ~/.cache/... on the hosts too
     run = RemoteEngineRun(plan, cluster, None, {}, {}, workdir, tmp, launcher=launcher, controller_ip=ip)
     try:
         cluster.start_controller_sync()

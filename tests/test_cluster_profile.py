@@ -1,0 +1,102 @@
+"""The workbench's ipyparallel clusters live in a profile folder of their own (issue 29, item 9).
+
+A JupyterLab running beside a build lists, through its ipyparallel server extension, every cluster file of
+every ``$IPYTHONDIR/profile_*`` folder, adopts the clusters it finds and deletes their log files when they
+stop: notebook 06's stored output once read "Failed to remove ...ipcontroller...log". Here a real JupyterLab
+(127.0.0.1, a free port, its own folders) asks for its clusters, as its cluster panel does, while a real
+engines cluster of the workbench runs beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab_and_ipython_dir(tmp_path, monkeypatch):
+    """A JupyterLab with ipyparallel's extension on ``$IPYTHONDIR`` = a fresh folder, which this process uses too."""
+    ipython_dir, home = tmp_path / "ipython", tmp_path / "lab"
+    home.mkdir()
+    (ipython_dir / "profile_default").mkdir(parents=True)  # a user's default profile, as JupyterLab finds it
+    monkeypatch.setenv("IPYTHONDIR", str(ipython_dir))
+    port, token = _free_port(), os.urandom(8).hex()
+    env = {**os.environ, "IPYTHONDIR": str(ipython_dir), "JUPYTER_CONFIG_DIR": str(home / "config"),
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_DATA_DIR": str(home / "data")}
+    cmd = [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--IdentityProvider.token={token}",
+           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url=None",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    log = open(home / "jupyterlab.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def get(path: str):
+        req = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"token {token}"})
+        return json.load(urllib.request.urlopen(req, timeout=30))
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                get("/api/status")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start:\n{(home / 'jupyterlab.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield get, ipython_dir
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+def _ours(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*")) if folder.is_dir() else []
+
+
+def test_a_jupyterlab_beside_a_run_never_sees_or_touches_its_cluster(lab_and_ipython_dir, caplog):
+    from workbench.launch.engines import cluster_profile_dir, rank_identity, start_engines
+    from workbench.launch.plan import plan_launch
+
+    get, ipython_dir = lab_and_ipython_dir
+    assert [c["cluster"]["cluster_id"] for c in get("/ipyparallel/clusters")] == [""]  # the extension answers
+    default = ipython_dir / "profile_default"
+    with start_engines(plan_launch(2, framework="mlx"), timeout_s=120) as run:
+        cluster_id, profile = run.cluster.cluster_id, Path(run.cluster.profile_dir)
+        assert profile == cluster_profile_dir() and ipython_dir not in profile.parents
+        listed = [c["cluster"]["cluster_id"] for c in get("/ipyparallel/clusters")]  # what JupyterLab's cluster panel asks
+        assert cluster_id not in listed, f"JupyterLab adopted the run's cluster: {listed}"
+        assert sorted(r for r, _, _ in run.apply(rank_identity, [(), ()], timeout_s=60)) == [0, 1]
+        assert (profile / "security" / f"cluster-{cluster_id}.json").is_file()
+        logs = sorted((profile / "log").glob(f"ip*{cluster_id}*.log"))
+        assert len(logs) >= 3, logs  # the controller's and each engine's log, in our folder, intact
+        assert all(p.stat().st_size > 0 for p in logs if p.name.startswith("ipengine"))
+        assert [c["cluster"]["cluster_id"] for c in get("/ipyparallel/clusters")] == listed
+    after = [c["cluster"]["cluster_id"] for c in get("/ipyparallel/clusters")]
+    assert cluster_id not in after
+    # Nothing of the run in the default profile (its engine logs once piled up there: 1,896 files), and
+    # nothing of it left in its own folder either.
+    assert not [n for n in _ours(default / "security") + _ours(default / "log") if "workbench" in n or "ipengine" in n]
+    assert not [p.name for p in profile.rglob(f"*{cluster_id}*")]
+    assert "Failed to remove" not in caplog.text
