@@ -3,6 +3,7 @@
     python -m workbench build [--out build] [--small | --full] [--static] [--debug] [NOTEBOOK ...]
     python -m workbench slides [NOTEBOOK ...] [--out build/slides] [--static] [--no-execute] [--small]
     python -m workbench refresh [NOTEBOOK ...]   # re-execute in place for nbval
+    python -m workbench plan MODEL --ranks N --memory 24GiB [--validate] [--json]   # the plan advisor
 
 ``build`` writes every notebook's HTML to ``<out>/html`` and the design-review deck to
 ``<out>/slides``, showing which notebook, cell and run it is on (a status line on a terminal, plain
@@ -153,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     slides.add_argument("--theme", default="workbench", help="a vendored reveal.js theme (default: workbench)")
     refresh = sub.add_parser("refresh", help="re-execute notebooks in place, in the form nbval checks")
     refresh.add_argument("notebooks", nargs="*", type=Path)
+    from workbench.studies.planner.cli import add_plan_parser
+
+    add_plan_parser(sub)  # plan: the plan advisor (workbench.studies.planner.cli)
     for command in (slides, refresh):
         command.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     args = parser.parse_args(argv)
@@ -178,6 +182,13 @@ def _dispatch(args) -> int:
 
     if args.command == "build":
         return _build(args)
+    if args.command == "plan":
+        from workbench.studies.planner.cli import run_plan
+
+        try:
+            return run_plan(args)
+        except ValueError as err:  # a bad model, hosts file or knob, named
+            raise UsageError(str(err)) from None
     if args.command == "slides":
         from workbench.publish.slides import DECK_NOTEBOOK, export_slides
 

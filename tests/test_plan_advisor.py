@@ -1,0 +1,195 @@
+"""The plan advisor in one process (issue 27): what it enumerates, what the models rule out, how it ranks, why,
+the Pareto figure, the JSON other tools read, and the command line's errors. The profile and the links are
+built here (real dataclasses: a ModelProfile from measurements, fitted AlphaBeta links); nothing is run."""
+
+import functools
+import json
+
+import plotly.graph_objects as go
+import pytest
+
+from workbench.__main__ import main
+from workbench.core.buckets import plan_buckets
+from workbench.core.specs import spec_from_flat
+from workbench.core.units import GiB, KiB, MiB
+from workbench.estimate.advisor import default_sizes
+from workbench.estimate.comm import AlphaBeta
+from workbench.runs.profile import profile_from_measurements, profile_key_fields
+from workbench.runs.spec import VALIDATION_MODEL, RunSpec
+from workbench.strategies import get_strategy
+from workbench.studies.planner import advise_plan, base_spec, enumerate_candidates, validation_plans
+from workbench.studies.planner.candidates import model_of
+from workbench.studies.planner.cli import parse_memory, plan_json
+from workbench.studies.planner.validate import off_terms
+from workbench.views.plan_pareto import fig_plan_pareto, pareto_front
+
+LINKS = {(fw, kind): AlphaBeta(200e-6, 1e9) for fw in ("mlx", "jax")
+         for kind in ("all_reduce", "all_gather", "reduce_scatter")}
+
+
+def fake_profile(base: RunSpec, *, act_per_seq: int = 3_000_000, compute_per_seq: float = 0.005):
+    """A profile as a profiling program would write it: activations and compute linear in b, with an intercept."""
+    p = 13_673_472
+    measured = {"micro_batch_sizes": [1, 4, 8],
+                "activation_samples": [[1_000_000 + b * act_per_seq] for b in (1, 4, 8)],
+                "compute_s_samples": [[0.004 + b * compute_per_seq] for b in (1, 4, 8)], "parameter_bytes": p,
+                "gradient_bytes": p, "optimizer_state_bytes": 2 * p, "update_s": 0.012, "truth_source": "test",
+                "plan_activation_bytes": None, "peak_rss_bytes": 1, "peak_array_bytes": 1, "versions": {}}
+    return profile_from_measurements(measured, profile_key_fields(base, 1), 1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def advise(memory_bytes, framework="mlx"):
+    """The advice for the validation LM on 2 ranks at ``memory_bytes`` (pure: computed once a session)."""
+    base = base_spec(dict(VALIDATION_MODEL), num_ranks=2, global_batch=16, seq_len=None, framework=framework)
+    return advise_plan(dict(VALIDATION_MODEL), num_ranks=2, memory_bytes=memory_bytes, global_batch=16,
+                       framework=framework, runs_root="unused", profile=fake_profile(base), links=LINKS)
+
+
+def test_every_runnable_plan_is_enumerated_each_once():
+    base = base_spec(dict(VALIDATION_MODEL), num_ranks=2, global_batch=16, seq_len=None, framework="mlx")
+    model = model_of(base)
+    specs, left_out = enumerate_candidates(base, model)
+    assert left_out == [] and len({s.to_dict().__repr__() for s in specs}) == len(specs)
+    by = {}
+    for s in specs:
+        by.setdefault(s.strategy, set()).add((s.communication_size, s.num_microbatches, s.defer_sync))
+    assert set(by) == {"ddp", "fsdp-row", "fsdp-flat", "fsdp-full", "mlx-fully-shard"}
+    # every size of the advisor's sweep that gives its own buckets; one size where units, not buckets, sync
+    sweep = default_sizes(model)
+    assert {c for c, _, _ in by["ddp"]} == {c for c, _, _ in by["fsdp-row"]} == set(sweep) - {16 * MiB} | {16 * MiB}
+    assert len({c for c, _, _ in by["fsdp-full"]}) == len({c for c, _, _ in by["mlx-fully-shard"]}) == 1
+    # micro-batch x G makes the per-rank batch of 8: G in 1, 2, 4, 8, deferred or every micro-batch
+    assert {(g, d) for _, g, d in by["ddp"]} == {(1, True), (2, True), (2, False), (4, True), (4, False), (8, True),
+                                                 (8, False)}
+    assert all(not d or g == 1 for _, g, d in by["mlx-fully-shard"])  # fully_shard cannot defer its sync
+    assert all(s.micro_batch_size * s.num_microbatches * 2 == 16 for s in specs)
+    jax_specs, _ = enumerate_candidates(base_spec(dict(VALIDATION_MODEL), num_ranks=2, global_batch=16, seq_len=None,
+                                                  framework="jax"), model)
+    assert "mlx-fully-shard" not in {s.strategy for s in jax_specs}
+    # two sizes that give one bucket plan are one candidate
+    assert plan_buckets(model, 16 * MiB).num_buckets == plan_buckets(model, 32 * MiB).num_buckets == 1
+    assert 32 * MiB not in {c for c, _, _ in by["ddp"]}
+
+
+def test_the_pick_fits_is_fastest_of_those_that_fit_and_every_plan_says_why():
+    roomy = advise(4 * GiB)
+    ddp = [c for c in roomy.candidates if c.spec.strategy == "ddp"]
+    fsdp = [c for c in roomy.candidates if get_strategy(c.spec.strategy).sharded.optimizer]
+    # a budget that DDP's smallest plan cannot keep, and FSDP's smallest can, with the 10% margin
+    budget = int(min(c.predicted_peak_bytes for c in fsdp) * 1.1 + 0.5 * (
+        min(c.predicted_peak_bytes for c in ddp) * 1.1 - min(c.predicted_peak_bytes for c in fsdp) * 1.1))
+    advice = advise(budget)
+    pick = advice.recommended
+    assert pick is not None and pick.fits and pick.rank == 1 and pick.predicted_peak_bytes * 1.1 <= budget
+    assert pick.predicted_step_s == min(c.predicted_step_s for c in advice.candidates if c.fits)
+    assert not any(c.fits for c in advice.candidates if c.spec.strategy == "ddp")
+    worst_ddp = max((c for c in advice.candidates if c.spec.strategy == "ddp"), key=lambda c: c.predicted_peak_bytes)
+    assert worst_ddp.reason.startswith("DDP does not fit: ") and " > " in worst_ddp.reason
+    # the default bucket size (one bucket of the whole model) does not fit; the pick's buckets are smaller
+    default_plan = plan_buckets(model_of(pick.spec), RunSpec().communication_size)
+    assert plan_buckets(model_of(pick.spec), pick.spec.communication_size).num_buckets > default_plan.num_buckets
+    assert pick.reason.startswith("the pick: fastest plan that fits")
+    ranks = [c.rank for c in advice.candidates]
+    assert ranks == list(range(1, len(ranks) + 1))
+    fitting = [c for c in advice.candidates if c.fits]
+    assert [c.predicted_step_s for c in fitting] == sorted(c.predicted_step_s for c in fitting)
+    assert all(c.reason for c in advice.candidates)
+    slower = next(c for c in fitting if c.predicted_step_s > pick.predicted_step_s * 1.001)
+    assert "slower than the pick:" in slower.reason
+    flat = next(c for c in advice.candidates if c.flat_padding >= 0.005) if any(
+        c.flat_padding >= 0.005 for c in advice.candidates) else None
+    assert flat is None or "flat pads" in flat.reason
+
+
+def test_nothing_fits_recommends_nothing_and_runs_nothing():
+    advice = advise(1 * MiB)
+    assert advice.recommended is None and not any(c.fits for c in advice.candidates)
+    assert any(n.startswith("no plan fits: the smallest peak is") for n in advice.notes)
+    assert validation_plans(advice) == []
+
+
+def test_validation_runs_the_pick_the_runner_up_and_ddp_or_the_smallest_whole_parameter_plan():
+    roomy = advise(4 * GiB)
+    plans = validation_plans(roomy)
+    assert [r for r, _ in plans][0] == "pick" and plans[0][1] is roomy.recommended
+    assert {r for r, _ in plans} == {"pick", "runner-up", "ddp"}
+    assert next(c for r, c in plans if r == "ddp").spec.strategy == "ddp"
+    runner = next(c for r, c in plans if r == "runner-up")
+    pick = roomy.recommended.spec
+    assert (runner.spec.strategy, runner.spec.num_microbatches, runner.spec.defer_sync) != (
+        pick.strategy, pick.num_microbatches, pick.defer_sync)  # not the pick at another bucket size
+    ddp_min = min(c.predicted_peak_bytes for c in roomy.candidates if c.spec.strategy == "ddp")
+    tight = advise(int(ddp_min * 1.1) - 1)
+    third = [c for r, c in validation_plans(tight) if r == "ddp"]
+    assert all(c.fits and not get_strategy(c.spec.strategy).gathers_units for c in third)
+    assert all(c.spec.strategy != "ddp" for c in third)
+
+
+def test_a_missed_target_names_the_term_that_was_off():
+    pick = advise(4 * GiB).recommended
+    s = pick.step
+    comm = s.comm_s + s.per_bucket_s
+    assert off_terms(pick, pick.predicted_step_s, comm, pick.predicted_peak_bytes) == ()
+    # the sync measured at twice its price, the rest as predicted
+    off = off_terms(pick, s.compute_s + s.update_s + 2 * comm + 0.5 * pick.predicted_step_s, 2 * comm + 0.5 *
+                    pick.predicted_step_s, pick.predicted_peak_bytes)
+    assert len(off) == 1 and off[0].startswith("the collectives and per-bucket cost are underpriced")
+    off = off_terms(pick, 1.3 * (s.compute_s + s.update_s) + comm, comm, int(pick.predicted_peak_bytes * 1.2))
+    assert off[0].startswith("compute and update 30% over") and off[1].startswith("peak 20% over")
+
+
+def test_the_pareto_figure_marks_the_budget_and_the_pick():
+    advice = advise(200 * MiB)
+    assert advice.recommended is not None
+    rows = [c.to_dict() for c in advice.candidates]
+    fig = fig_plan_pareto(rows, advice.memory_bytes, safety_margin=0.1, recommended=advice.recommended.to_dict())
+    go.Figure(fig.to_dict())  # valid plotly
+    lines = [s for s in fig.layout.shapes if s.x0 == s.x1]
+    assert [round(s.x0, 6) for s in lines] == [round(200.0, 6), round(200 / 1.1, 6)]
+    star = next(t for t in fig.data if t.marker.symbol == "star")
+    assert star.x[0] == advice.recommended.predicted_peak_bytes / MiB
+    assert pareto_front([(1, 5), (2, 3), (3, 4), (0.5, 9), (2, 3.5)]) == [3, 0, 1]
+
+
+def test_the_json_carries_the_fields_other_tools_read():
+    advice = advise(200 * MiB)
+    out = json.loads(json.dumps(plan_json(advice)))
+    keys = {"strategy", "layout", "communication_size", "micro_batch_size", "num_microbatches",
+            "predicted_peak_bytes", "predicted_step_s", "fits"}
+    assert keys <= set(out["candidates"][0]) and keys <= set(out["recommended"])
+    assert out["recommended"] == out["candidates"][0] and len(out["candidates"]) == len(advice.candidates)
+
+
+def test_a_factory_model_is_planned_from_its_shapes():
+    from examples import tiny_attention_lm as m
+
+    base = base_spec("examples.tiny_attention_lm:mlx_factory", num_ranks=2, global_batch=8, seq_len=m.SEQ_LEN,
+                     vocab_size=m.VOCAB_SIZE, framework="mlx")
+    shapes = spec_from_flat([(p, s, "float32") for p, s in m.param_shapes().items()], "tiny_attention_lm")
+    advice = advise_plan(base.model_factory, num_ranks=2, memory_bytes=1 * GiB, global_batch=8, seq_len=m.SEQ_LEN,
+                         vocab_size=m.VOCAB_SIZE, runs_root="unused", links=LINKS, model_shapes=shapes,
+                         profile=fake_profile(base))
+    assert advice.recommended is not None and advice.recommended.spec.model_factory == base.model_factory
+    with pytest.raises(ValueError, match="needs seq_len and vocab_size"):
+        base_spec("examples.tiny_attention_lm:mlx_factory", num_ranks=2, global_batch=8, seq_len=None, framework="mlx")
+
+
+@pytest.mark.parametrize("text, want", [("24GiB", 24 * GiB), ("512 MiB", 512 * MiB), ("1.5GiB", 3 * GiB // 2),
+                                        ("4096", 4096), ("8KiB", 8 * KiB)])
+def test_memory_takes_bytes_or_a_binary_unit(text, want):
+    assert parse_memory(text) == want
+
+
+@pytest.mark.parametrize("text", ["24GB", "lots", "-1GiB", "0", "0.5"])
+def test_a_bad_memory_is_refused_naming_the_flag(text, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "lm", "--ranks", "2", "--memory", text])
+    assert exit_.value.code == 2 and "argument --memory:" in capsys.readouterr().err
+
+
+def test_a_bad_model_or_no_ranks_is_one_line_naming_it(capsys):
+    assert main(["plan", "nope", "--ranks", "2", "--memory", "1GiB"]) == 2
+    assert "MODEL 'nope'" in capsys.readouterr().err
+    assert main(["plan", "lm", "--memory", "1GiB"]) == 2
+    assert "--ranks" in capsys.readouterr().err

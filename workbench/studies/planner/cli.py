@@ -1,0 +1,150 @@
+"""``python -m workbench plan``: the plan advisor on the command line (issue 27).
+
+    python -m workbench plan MODEL --ranks N --memory 24GiB [--hosts hosts.toml] [--global-batch B --seq-len T]
+                             [--validate] [--json]
+
+``MODEL`` is ``lm`` (the built-in LM), a ``.json`` file of the built-in LM's fields (``vocab_size``, ``seq_len``,
+``dim``, ``num_layers``, ``num_heads``, ``mlp_dim``), or a factory ``package.module:function`` (with
+``--vocab-size`` and ``--seq-len``). The terminal gets the ranked table, the pick and, with ``--validate``,
+predicted against measured; ``--json`` prints one JSON object instead (:func:`plan_json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from workbench.core.checks import loads_bounded, read_user_text
+from workbench.core.units import GiB, KiB, MiB, format_bytes
+
+UNITS = {"": 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": 1024 * GiB}
+MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_memory(text: str) -> int:
+    """``"24GiB"``, ``"512 MiB"``, ``"1.5GiB"`` or ``"25769803776"`` as bytes.
+
+    Raises:
+        argparse.ArgumentTypeError: naming ``--memory`` and the forms it takes (argparse prefixes the flag).
+    """
+    match = MEMORY.match(str(text))
+    unit = match.group(2) if match else None
+    if match is None or unit not in UNITS:
+        hint = " (binary units: write GiB, not GB)" if unit and unit.upper() in ("KB", "MB", "GB", "TB", "K", "M", "G") \
+            else ""
+        raise argparse.ArgumentTypeError(f"{text!r}: give bytes per rank, or a number with KiB, MiB or GiB "
+                                         f"(e.g. 24GiB){hint}")
+    value = float(match.group(1)) * UNITS[unit]
+    if value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of bytes >= 1 (e.g. 24GiB)")
+    return int(value)
+
+
+def add_plan_parser(sub) -> argparse.ArgumentParser:
+    """The ``plan`` subcommand's arguments on ``sub`` (the command line's subparsers)."""
+    p = sub.add_parser("plan", help="the plan that fits a memory budget per rank and is fastest, from the models "
+                                    "(and --validate: run it)")
+    p.add_argument("model", help="lm, a .json of the built-in LM's fields, or a factory package.module:function")
+    p.add_argument("--ranks", type=int, default=None, help="N ranks (default: the hosts file's slots)")
+    p.add_argument("--memory", type=parse_memory, required=True, help="memory per rank: bytes, or with KiB/MiB/GiB")
+    p.add_argument("--hosts", type=Path, default=None, help="a hosts file: run and benchmark there")
+    p.add_argument("--launcher", default="ssh", help="with --hosts: ssh, mpi or slurm (default ssh)")
+    p.add_argument("--global-batch", type=int, default=None, help="sequences per step over all ranks (default 8 per rank)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default the model's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="a factory's vocabulary")
+    p.add_argument("--framework", choices=("mlx", "jax"), default="mlx")
+    p.add_argument("--margin", type=float, default=None, help="share of the budget a plan keeps free (default 0.1)")
+    p.add_argument("--runs", type=Path, default=Path("runs") / "plan", help="run store (default runs/plan)")
+    p.add_argument("--validate", action="store_true", help="run the pick, the runner-up and DDP for real")
+    p.add_argument("--steps", type=int, default=8, help="steps of each validation run (default 8)")
+    p.add_argument("--top", type=int, default=12, help="rows of the table (default 12; --json has all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: candidates, recommended, validated")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
+    p.set_defaults(notebooks=[])
+    return p
+
+
+def model_argument(text: str):
+    """``lm``, a factory, or the dict a ``.json`` file of LM fields holds (read bounded; never evaluated)."""
+    if text == "lm" or (":" in text and not text.endswith(".json")):
+        return text
+    path = Path(text)
+    if path.suffix == ".json" and path.is_file():
+        fields = loads_bounded(read_user_text(path, 1 << 20, f"model file {path}", "no model's fields are"),
+                               f"model file {path}")
+        if not isinstance(fields, dict):
+            raise ValueError(f"model file {path}: a JSON object of the built-in LM's fields")
+        return fields
+    raise ValueError(f"MODEL {text!r}: give lm, a .json file of the built-in LM's fields, or a factory "
+                     "package.module:function")
+
+
+def run_plan(args) -> int:
+    """The ``plan`` command: advise, print (table or JSON), and with ``--validate`` run and compare."""
+    from workbench.studies.planner import SAFETY_MARGIN, advise_plan, validate_plan
+
+    if args.ranks is None and args.hosts is None:
+        raise ValueError("--ranks: give the number of ranks (or --hosts)")
+    ranks = args.ranks
+    batch = args.global_batch if args.global_batch is not None else 8 * (ranks or 1)
+    advice = advise_plan(model_argument(args.model), num_ranks=ranks, hosts=args.hosts, launcher=args.launcher,
+                         memory_bytes=args.memory, global_batch=batch, seq_len=args.seq_len,
+                         vocab_size=args.vocab_size, framework=args.framework, runs_root=args.runs,
+                         safety_margin=SAFETY_MARGIN if args.margin is None else args.margin)
+    validation = validate_plan(advice, args.runs, steps=args.steps, hosts=args.hosts, launcher=args.launcher) \
+        if args.validate else None
+    if args.json:
+        print(json.dumps(plan_json(advice, validation), indent=1))
+    else:
+        print(format_advice(advice, top=args.top))
+        if validation is not None:
+            print(format_validation(validation))
+    return 0 if advice.recommended is not None else 1
+
+
+def plan_json(advice, validation=None) -> dict:
+    """What ``--json`` prints: the advice (``candidates``, ``recommended``, ...) and, validated, ``validated``."""
+    out = advice.to_dict()
+    if validation is not None:
+        out.update(validation.to_dict())
+    return out
+
+
+def format_advice(advice, *, top: int = 12) -> str:
+    """The ranked table as text: the first ``top`` plans and each strategy's best plan beyond them."""
+    shown = list(advice.candidates[:top])
+    for c in advice.candidates[top:]:
+        if all(c.spec.strategy != s.spec.strategy for s in shown):
+            shown.append(c)
+    lines = [f"{'#':>4}  {'plan':<40} {'peak/rank':>11} {'fits':>4} {'step ms':>9} {'tokens/s':>10}  why"]
+    for c in shown:
+        lines.append(f"{c.rank:>4}  {c.label:<40} {format_bytes(c.predicted_peak_bytes):>11} "
+                     f"{'yes' if c.fits else 'no':>4} {c.predicted_step_s * 1e3:>9.2f} {c.tokens_per_s:>10,.0f}  {c.reason}")
+    pick = advice.recommended
+    lines.append(f"{len(advice.candidates)} plans priced ({len(advice.candidates) - len(shown)} not shown; --json "
+                 f"lists all); budget {format_bytes(advice.memory_bytes)} per rank, {advice.safety_margin:.0%} kept free")
+    lines.append(f"links: {advice.links_source}; profile {advice.profile.key}")
+    lines += [f"note: {n}" for n in advice.notes]
+    lines.append(f"pick: {pick.label}: {format_bytes(pick.predicted_peak_bytes)} per rank, "
+                 f"{pick.predicted_step_s * 1e3:.2f} ms per step" if pick else "pick: none fits")
+    return "\n".join(lines)
+
+
+def format_validation(validation) -> str:
+    """Predicted against measured, per validated plan, and whether the orders agree."""
+    lines = [f"{'role':<10} {'plan':<40} {'step ms pred/meas':>19} {'err':>6} {'peak MiB pred/meas':>20} {'err':>6}"]
+    for v in validation.runs:
+        c = v.candidate
+        step = "-" if v.measured_step_s is None else f"{v.measured_step_s * 1e3:.2f}"
+        peak = "-" if v.measured_peak_bytes is None else f"{v.measured_peak_bytes / MiB:.1f}"
+        err = lambda e: "-" if e is None else f"{e:+.0%}"  # noqa: E731
+        lines.append(f"{v.role:<10} {c.label:<40} {c.predicted_step_s * 1e3:>9.2f}/{step:<9} {err(v.step_error):>6} "
+                     f"{c.predicted_peak_bytes / MiB:>9.1f}/{peak:<10} {err(v.peak_error):>6}  {v.status} {v.run_id}")
+        lines += [f"{'':<10} off: {o}" for o in v.off]
+    lines.append(f"predicted order: {', '.join(validation.predicted_order)}; measured: "
+                 f"{', '.join(validation.measured_order or ['-'])}; agree: {validation.order_agrees}; "
+                 f"pick measured fastest: {validation.pick_measured_fastest}")
+    return "\n".join(lines)
+

@@ -1,0 +1,180 @@
+"""Proof of a plan (issue 27): run the pick, the runner-up and DDP for real, and set the models beside them.
+
+:func:`validation_plans` chooses what to run (never a plan the models rule out: DDP only where it fits, else
+the smallest plan that keeps the parameters whole); :func:`validate_plan` runs them as ordinary runs
+(:func:`workbench.launch.sweep.run_specs`, locally or on the hosts) and reads back each one's measured step
+time (the slowest rank's median after warm-up) and peak per rank (the largest rank's ``measured_memory``
+peak). Where a prediction misses its 10% target, :func:`off_terms` names the term of the model that was off.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from workbench.launch.sweep import run_specs
+from workbench.runs.store import RunStore, run_id_for
+from workbench.runs.tables import read_steps
+from workbench.strategies import get_strategy
+from workbench.studies.planner.advise import PlanAdvice
+from workbench.studies.planner.candidates import Candidate
+from workbench.studies.runs import WARMUP_STEPS
+
+#: A prediction within this share of the measurement meets the target.
+TARGET = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class Validated:
+    """One plan run for real beside its prediction. ``role``: ``"pick"``, ``"runner-up"`` or ``"ddp"``."""
+
+    candidate: Candidate
+    role: str
+    run_id: str
+    status: str
+    measured_step_s: float | None
+    measured_sync_s: float | None
+    measured_peak_bytes: int | None
+    peak_source: str | None
+    off: tuple[str, ...] = ()
+
+    @property
+    def step_error(self) -> float | None:
+        """measured / predicted - 1 of the step time."""
+        m = self.measured_step_s
+        return None if m is None or not self.candidate.predicted_step_s else m / self.candidate.predicted_step_s - 1
+
+    @property
+    def peak_error(self) -> float | None:
+        m = self.measured_peak_bytes
+        return None if m is None else m / self.candidate.predicted_peak_bytes - 1
+
+    def to_dict(self) -> dict:
+        return {**self.candidate.to_dict(), "role": self.role, "run_id": self.run_id, "status": self.status,
+                "measured_step_s": self.measured_step_s, "measured_sync_s": self.measured_sync_s,
+                "measured_peak_bytes": self.measured_peak_bytes, "peak_source": self.peak_source,
+                "step_error": self.step_error, "peak_error": self.peak_error, "off": list(self.off)}
+
+
+def validation_plans(advice: PlanAdvice) -> list[tuple[str, Candidate]]:
+    """The pick, the runner-up and DDP (the fastest DDP plan that fits; where none does, the smallest-peak
+    fitting plan that keeps the parameters whole), each once, in that order. Plans that do not fit are not run."""
+    chosen: list[tuple[str, Candidate]] = []
+    fitting = [c for c in advice.candidates if c.fits]
+    ddp = [c for c in fitting if get_strategy(c.spec.strategy).family == "data_parallel"]
+    whole = sorted((c for c in fitting if not get_strategy(c.spec.strategy).gathers_units),
+                   key=lambda c: c.predicted_peak_bytes)
+    for role, c in (("pick", advice.recommended), ("runner-up", advice.runner_up),
+                    ("ddp", (ddp or whole or [None])[0])):
+        if c is not None and all(c.spec != other.spec for _, other in chosen):
+            chosen.append((role, c))
+    return chosen
+
+
+def measured(root: Path, run_id: str) -> tuple[float | None, float | None, int | None, str | None]:
+    """A stored run's step and sync seconds (the slowest rank's, median after warm-up) and its largest peak."""
+    record = RunStore(root).load_record(run_id) or {}
+    rows = read_steps(root / run_id / "steps.jsonl") if (root / run_id / "steps.jsonl").is_file() else []
+
+    def median(column: str) -> float | None:
+        by_step: dict[int, float] = {}
+        for r in rows:
+            if r.get(column) is not None:
+                by_step[r["step"]] = max(by_step.get(r["step"], 0.0), float(r[column]))
+        kept = [v for s, v in by_step.items() if s >= WARMUP_STEPS] or list(by_step.values())
+        return statistics.median(kept) if kept else None
+
+    peaks = [(r["measured_memory"]["peak"], r["measured_memory"].get("peak_source", "live arrays"))
+             for r in (record.get("summary") or {}).get("ranks") or [] if (r.get("measured_memory") or {}).get("peak")]
+    peak, source = max(peaks) if peaks else (None, None)
+    return median("step_time_s"), median("sync_time_s"), peak, source
+
+
+def off_terms(c: Candidate, step_s: float | None, sync_s: float | None, peak: int | None) -> tuple[str, ...]:
+    """The terms of the models that missed the 10% target, e.g. ``"compute 12% over"`` (measured above the
+    model) or ``"the per-bucket cost is underpriced"``. The sync is measured apart where the ranks time it."""
+    out = []
+    p = c.step
+    if step_s is not None and abs(step_s / c.predicted_step_s - 1) > TARGET:
+        if sync_s is not None:
+            comm = p.comm_s + p.per_bucket_s
+            local = p.compute_s + p.update_s
+            rest = step_s - sync_s
+            if comm and abs(sync_s / comm - 1) > TARGET:
+                word = "underpriced" if sync_s > comm else "overpriced"
+                out.append(f"the collectives and per-bucket cost are {word}: {sync_s * 1e3:.2f} ms measured, "
+                           f"{comm * 1e3:.2f} ms predicted ({sync_s / comm - 1:+.0%})")
+            if local and abs(rest / local - 1) > TARGET:
+                out.append(f"compute and update {abs(rest / local - 1):.0%} {'over' if rest > local else 'under'}: "
+                           f"{rest * 1e3:.2f} ms measured, {local * 1e3:.2f} ms predicted")
+        if not out:
+            out.append(f"the step {abs(step_s / c.predicted_step_s - 1):.0%} "
+                       f"{'over' if step_s > c.predicted_step_s else 'under'} (no sync time measured to split it)")
+    if peak is not None and abs(peak / c.predicted_peak_bytes - 1) > TARGET:
+        out.append(f"peak {abs(peak / c.predicted_peak_bytes - 1):.0%} {'over' if peak > c.predicted_peak_bytes else 'under'}"
+                   " the memory model (activations and transients are the profiled terms)")
+    return tuple(out)
+
+
+def validate_plan(advice: PlanAdvice, runs_root: str | Path, *, steps: int = 8, hosts: Any = None,
+                  launcher: str = "ssh", step_timeout_s: float = 120.0, timeout_s: float = 900.0) -> "Validation":
+    """Run :func:`validation_plans` for ``steps`` steps each under ``runs_root`` (ordinary runs; one already stored
+    is read, not run again) and set each beside its prediction.
+
+    Raises:
+        ValueError: nothing fits, so nothing is run.
+    """
+    plans = validation_plans(advice)
+    if not plans:
+        raise ValueError("no plan fits the memory budget, so none is run: raise --memory, or lower the global batch")
+    root = Path(runs_root)
+    specs = [replace(c.spec, steps=steps) for _, c in plans]
+    kwargs = dict(step_timeout_s=step_timeout_s, timeout_s=timeout_s)
+    if hosts is not None:
+        kwargs.update(hosts=hosts, launcher=launcher)
+    outcomes = run_specs(specs, root, **kwargs)
+    out = []
+    for (role, c), spec, outcome in zip(plans, specs, outcomes):
+        run_id = run_id_for(spec.to_dict())
+        step_s, sync_s, peak, source = measured(root, run_id)
+        status = "done" if outcome.status in ("done", "skipped") else outcome.status
+        c = replace(c, spec=spec)
+        out.append(Validated(candidate=c, role=role, run_id=run_id, status=status, measured_step_s=step_s,
+                             measured_sync_s=sync_s, measured_peak_bytes=None if peak is None else int(peak),
+                             peak_source=source, off=off_terms(c, step_s, sync_s, peak)))
+    return Validation(tuple(out))
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The validated plans, in :func:`validation_plans` order."""
+
+    runs: tuple[Validated, ...]
+
+    @property
+    def predicted_order(self) -> list[str]:
+        return [v.role for v in sorted(self.runs, key=lambda v: v.candidate.predicted_step_s)]
+
+    @property
+    def measured_order(self) -> list[str] | None:
+        if any(v.measured_step_s is None for v in self.runs):
+            return None
+        return [v.role for v in sorted(self.runs, key=lambda v: v.measured_step_s)]
+
+    @property
+    def order_agrees(self) -> bool | None:
+        """The measured order of step times is the predicted one (None: a run has no time)."""
+        m = self.measured_order
+        return None if m is None else m == self.predicted_order
+
+    @property
+    def pick_measured_fastest(self) -> bool | None:
+        m = self.measured_order
+        return None if m is None else m[0] == "pick"
+
+    def to_dict(self) -> dict:
+        return {"validated": [v.to_dict() for v in self.runs], "predicted_order": self.predicted_order,
+                "measured_order": self.measured_order, "order_agrees": self.order_agrees,
+                "pick_measured_fastest": self.pick_measured_fastest}
