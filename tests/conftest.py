@@ -82,6 +82,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_notebook_checks": (),
     "test_notebook_hosts": (),
     "test_packaging": (),
+    "test_plan_advisor": (),
     "test_planners": (),
     "test_preset_shapes": (),
     "test_presets": (),
