@@ -52,6 +52,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_factory_seed": ENGINES,
     "test_figure_checks": (),
     "test_figures": (),
+    "test_formatting": (),
     "test_fully_shard": ENGINES,
     "test_fully_shard_record": (),
     "test_fully_shard_runs": ENGINES,

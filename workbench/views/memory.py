@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from workbench.core.units import format_count, format_params
 from workbench.estimate.breakdown import COMPONENTS, PHASES, MemoryEstimate
 from workbench.estimate.cases import (  # noqa: F401  (the tables: notebooks import them from here too)
     ZERO_FIGURE_1,
@@ -124,7 +125,7 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
                        hovertemplate=f"%{{x}}<br>states + other phase: %{{y:.3f}} {unit}<extra></extra>"))
     psi = estimates[0].num_params
     some = "" if len(labelled) == len(estimates) else "; numbers at the smallest and largest N of each, hover for the rest"
-    title = title or (f"Memory per rank at the peak, {psi / 1e9:.3g}B parameters<br><sup>solid: model states; "
+    title = title or (f"Memory per rank at the peak, {format_params(psi)}<br><sup>solid: model states; "
                       f"hatched: the transient phase that sets the peak (backward or step){some}</sup>")
     # The legend sits right of the plot: below it, it covered the strategy names of the multicategory axis.
     layout = dict(barmode="stack", yaxis=dict(title=dict(text=f"{unit} per rank")), xaxis=dict(type="multicategory"),
@@ -137,7 +138,7 @@ def fig_zero_figure_1(psi: int = 7_500_000_000, num_shards: int = 64, *, height:
     """The ZeRO paper's Figure 1 as stacked bars, with the paper's printed numbers as markers."""
     estimates = compare_strategies(psi, num_shards, tuple(ZERO_FIGURE_1), **ZERO_PAPER_KNOBS)
     fig = fig_memory_breakdown(list(estimates.values()), labels={s: v[0] for s, v in ZERO_FIGURE_1.items()},
-                               height=height, title=f"ZeRO paper, Figure 1: Psi = {psi / 1e9:.3g}B, N_d = {num_shards},"
+                               height=height, title=f"ZeRO paper, Figure 1: Psi = {format_count(psi)}, N_d = {num_shards},"
                                " K = 12 (fp32 master + Adam m, v)<br><sup>bars: workbench; circles: the paper</sup>")
     fig.add_trace(go.Scatter(x=fig.data[0].x, y=[v[2] for v in ZERO_FIGURE_1.values()], mode="markers",
                              name="paper (GB)", marker=dict(symbol="circle-open", size=14, color="#B00020")))

@@ -23,7 +23,7 @@ from workbench.core.buckets import BucketPlan, plan_buckets
 from workbench.core.shards import ShardPlan, plan_shards
 from workbench.core.param_kinds import PARAM_KINDS, param_kind
 from workbench.core.specs import ModelSpec
-from workbench.core.units import MiB, format_bytes
+from workbench.core.units import MiB, format_bytes, plural
 from workbench.views.style import (
     KIND_COLORS,
     LAYOUT_COLORS,
@@ -134,7 +134,7 @@ def fig_bucket_layout(bucket_plan: BucketPlan, *, height: int = 420) -> go.Figur
         cap_text = "0 (one bucket per array)"
     merged = "" if level == "array" else f"; segments are merged {level}s"
     title = (f"{spec.name}: {num_b} buckets = {bp.num_allreduces_per_step} all-reduces per DDP step "
-             f"(policy {bp.policy.name})<br><sup>communication_size {cap_text}<br>{len(spec)} arrays, "
+             f"(policy {bp.policy.name})<br><sup>communication_size {cap_text}<br>{plural(len(spec), 'array')}, "
              f"{format_bytes(spec.nbytes)}{merged}</sup>")
     layout = dict(barmode="overlay", margin=dict(l=60, r=20, t=95, b=60),
                   xaxis=dict(title=dict(text="bucket index (one bar per bucket; bar width carries no size)"),
@@ -263,7 +263,7 @@ def fig_buckets_vs_size(spec: ModelSpec, sizes_bytes: Iterable[int], policies: S
             exact = all(seen[k] == first[1][k] for name, seen in rest if name in same)
             notes.append(f"{what} of {first[0]} and {', '.join(same)} {'coincide' if exact else 'nearly coincide'}")
     note = "<br>" + "; ".join(notes) + " (dashed drawn over solid)" if notes else ""
-    title = (f"{spec.name}: buckets vs communication_size<br><sup>{len(spec)} arrays, {format_bytes(spec.nbytes)}"
+    title = (f"{spec.name}: buckets vs communication_size<br><sup>{plural(len(spec), 'array')}, {format_bytes(spec.nbytes)}"
              f"{note}</sup>")
     # The note's line adds height, not takes it from the plot; the legend clears the axis titles (it lay on them).
     layout.update(margin=dict(l=60, r=20, t=100 if notes else 80, b=80), legend=dict(orientation="h", yanchor="top", y=-0.26, x=0))

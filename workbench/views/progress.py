@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.core.events import format_duration
+from workbench.core.units import format_seconds
 from workbench.launch.driver import RunOutcome
 from workbench.launch.sweep import all_done, run_specs
 from workbench.runs.labels import run_label
@@ -82,7 +83,7 @@ class LiveProgress:
         if outcome.status in ("done", "skipped"):  # the last steps may land after the last poll
             self.bar.value = self.bar.max
         self.bar.bar_style = {"done": "success", "skipped": "info"}.get(outcome.status, "danger")
-        self.status.value = {"done": f"done in {outcome.seconds:.1f} s", "skipped": "already stored: skipped"}.get(
+        self.status.value = {"done": f"done in {format_seconds(outcome.seconds)}", "skipped": "already stored: skipped"}.get(
             outcome.status, f"<b>failed</b>: {outcome.error}")
 
 

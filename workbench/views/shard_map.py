@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.core.shards import ShardPlan
-from workbench.core.units import MiB, format_bytes
+from workbench.core.units import MiB, format_bytes, plural
 from workbench.views.style import (
     LAYOUT_COLORS,
     PADDING_COLOR,
@@ -188,7 +188,7 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int 
         if len(ranks) < plan.num_shards:
             notes.append(f"ranks {_spans(ranks)} of {plan.num_shards} shown (dotted: ranks hidden)")
     layout["yaxis"]["title"] = dict(text="rank")
-    title = (f"Bucket {bucket} of {bp.num_buckets}: {len(arrays)} arrays, "
+    title = (f"Bucket {bucket} of {bp.num_buckets}: {plural(len(arrays), 'array')}, "
              f"{format_bytes(bp.bucket_bytes[bucket])}<br><sup>{'; '.join(dict.fromkeys(notes)) or 'all ranks shown'}</sup>")
     legend_rows = -(-(len(group_paths) + 1) // 3)  # about three array paths fit a row
     legend_px = 26 + 22 * legend_rows  # its title and rows

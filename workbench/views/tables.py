@@ -1,4 +1,5 @@
-"""Tables for live widgets as HTML, from the same columns as the static table figures.
+"""Tables a person reads: any table formatted (:func:`readable_table`), the layouts compared
+(:func:`layouts_table`), and tables for live widgets as HTML, from the same columns as the static table figures.
 
 A plotly table measures its text when drawn; a FigureWidget draws before JupyterLab has laid it
 out, so an explorer's table came up blank or with its header lines out of their cells (issue 18).
@@ -8,10 +9,87 @@ An HTML table is laid out by the browser: sized to its content, every row shown.
 from __future__ import annotations
 
 import html
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from workbench.core.shards import ShardPlan
+from workbench.core.units import BYTE_UNITS, byte_unit, format_column, format_seconds
 from workbench.views.plans import COLLECTIVE_ABBREVIATIONS, METRIC_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Columns a table a person reads may have: more ran off the page at 1440 px (11-16 columns, issue 29).
+MAX_COLUMNS = 8
+#: The layouts-compared table's columns (``ShardPlan.summary`` keys), in reading order.
+LAYOUT_COLUMNS = ("num_shards", "num_buckets", "max_rank_bytes", "imbalance", "padding_bytes", "num_split_arrays",
+                  "max_fragments_per_rank", "num_collectives_per_step")
+
+
+def readable_table(table: "pd.DataFrame", *, columns: Sequence[str] | None = None, unit: str | None = None,
+                   max_columns: int = MAX_COLUMNS) -> "pd.DataFrame":
+    """``table`` as a person reads it, every cell a string: ``*_bytes`` columns in one binary unit for the
+    whole table (``unit``, default the largest value's; the header says it: ``max rank (MiB)``), ``*_s``
+    columns as times (``25.6 s``), other numbers with thousands separators or to 3 significant digits
+    (:func:`~workbench.core.units.format_number`), None and NaN as ``–``; headers in words (``num_`` and
+    underscores dropped).
+
+    Args:
+        table: Any DataFrame (its index is kept, formatted likewise).
+        columns: The columns to show, in order (default: all).
+        unit: A key of :data:`~workbench.core.units.BYTE_UNITS` for every ``*_bytes`` column.
+        max_columns: The most columns the page holds.
+
+    Raises:
+        ValueError: more than ``max_columns`` columns (naming them: pass ``columns=``), an unknown
+            column or unit.
+    """
+    import pandas as pd
+
+    columns = list(table.columns if columns is None else columns)
+    if missing := [c for c in columns if c not in table.columns]:
+        raise ValueError(f"columns: {missing} not in the table (it has {list(table.columns)}).")
+    if len(columns) > max_columns:
+        raise ValueError(f"columns: {len(columns)} do not fit a page (at most {max_columns}): choose among {columns}.")
+    sizes = [c for c in columns if str(c).endswith("_bytes")]
+    values = [abs(float(v)) for c in sizes for v in table[c] if _is_size(v) and v == v]
+    unit = unit or byte_unit(max(values, default=0))
+    if unit not in BYTE_UNITS:
+        raise ValueError(f"unit: unknown {unit!r}; choose one of {', '.join(BYTE_UNITS)}.")
+
+    def column(c) -> list[str]:
+        if str(c).endswith("_bytes"):
+            return format_column([v / BYTE_UNITS[unit] if _is_size(v) else v for v in table[c]])
+        if str(c).endswith("_s"):
+            return [format_seconds(v) for v in table[c]]
+        return format_column(list(table[c]))
+
+    out = pd.DataFrame({_header(c, unit): column(c) for c in columns},
+                       index=pd.Index(format_column(list(table.index)), name=table.index.name))
+    return out
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "dtype")
+
+
+def _header(column, unit: str) -> str:
+    name = str(column).removeprefix("num_")
+    for suffix, label in (("_bytes", f" ({unit})"), ("_ms", " (ms)"), ("_mib", " (MiB)"), ("_s", "")):
+        if name.endswith(suffix):
+            name = name.removesuffix(suffix) + label
+            break
+    return name.replace("_", " ")
+
+
+def layouts_table(plans: Mapping[str, ShardPlan]) -> "pd.DataFrame":
+    """The layouts compared (``ShardPlan.summary`` of each, :data:`LAYOUT_COLUMNS`) as a person reads them:
+    one row per layout, sizes in one unit, whole numbers in full, no more columns than fit."""
+    import pandas as pd
+
+    if not plans:
+        raise ValueError("layouts_table needs at least one plan.")
+    table = pd.DataFrame([plan.summary() for plan in plans.values()], index=pd.Index(list(plans), name="layout"))
+    return readable_table(table, columns=LAYOUT_COLUMNS)
 
 
 def layout_metrics_rows(plans: Mapping[str, ShardPlan]) -> tuple[list[str], list[list[str]]]:

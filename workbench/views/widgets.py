@@ -20,7 +20,7 @@ from workbench.core.checks import integer
 from workbench.core.param_kinds import PARAM_KINDS
 from workbench.core.shards import LAYOUTS, ShardPlan, plan_shards
 from workbench.core.specs import ModelSpec
-from workbench.core.units import MiB, format_bytes
+from workbench.core.units import MiB, format_bytes, format_seconds
 from workbench.estimate.comm import AlphaBeta, estimate_comm
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
@@ -52,7 +52,7 @@ MEMO_SIZE = 64
 
 def _size_label(num_bytes: int) -> str:
     if num_bytes == 0:
-        return "0 (per array)"
+        return "per array"  # the readout's room: "0 (per array)" ran into the next label
     return f"{num_bytes // MiB} MiB" if num_bytes % MiB == 0 else format_bytes(num_bytes)
 
 
@@ -258,7 +258,7 @@ class LayoutExplorer(widgets.VBox):
         self.cost.value = html.escape(
             f"cost ({comm.strategy}, {link_name}): {comm.num_collectives} collectives per step ({kinds}), "
             f"{format_bytes(int(comm.rank_bytes))} sent per rank, about "
-            f"{comm.predict_s(LINKS[link_name]) * 1e3:.1f} ms of communication per step if none overlaps")
+            f"{format_seconds(comm.predict_s(LINKS[link_name]))} of communication per step if none overlaps")
         self.inspector.value, self.metrics.value = inspector, metrics
         self.code.value = f"<code style='user-select:all'>{html.escape(self.code_line())}</code>"
         return True
