@@ -133,6 +133,30 @@ def jax_params_and_loss(spec) -> tuple[dict[str, np.ndarray], Callable]:
     return params, loss_fn
 
 
+#: Names of a model's list of repeated blocks, the units a fully sharded run gathers one at a time.
+BLOCK_LIST_NAMES = ("layers", "blocks")
+
+
+def block_units(model, names: tuple[str, ...] = BLOCK_LIST_NAMES) -> list[str]:
+    """The MLX module paths of ``model``'s repeated blocks: each entry of the shallowest list of modules named
+    in ``names`` (``layers``, ``blocks``), e.g. ``["model.layers.0", "model.layers.1"]`` for an mlx-lm model;
+    ``[]`` when it has none (the whole model is then one unit).
+
+    A fully sharded (ZeRO-3) run gathers one unit at a time, so a model wrapped whole gathers all its
+    weights at once: the units given to :func:`~workbench.adapters.mlx.zero3.shard_model` (whose own
+    default finds only a top-level ``layers``). The root unit holds what no block holds.
+    """
+    blocks: dict[str, list[int]] = {}
+    for name, _ in model.named_modules():
+        *head, parent, index = ["", *name.split(".")]
+        if parent in names and index.isdigit():
+            blocks.setdefault(".".join([*head, parent]).lstrip("."), []).append(int(index))
+    if not blocks:
+        return []
+    prefix = min(blocks, key=lambda p: (p.count("."), p))
+    return [f"{prefix}.{i}" for i in sorted(blocks[prefix])]
+
+
 def user_units(params: dict, loss_fn: Callable) -> tuple[list[Callable], Callable, list[list[str]]]:
     """A user's JAX model as a ZeRO-3 chain of one unit (the whole model: the workbench cannot split a
     loss function into layers), in the form of :func:`workbench.ranks.train_jax.lm_units`."""
