@@ -111,6 +111,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_widgets": (),
     "test_widgets_sync": (),
     "test_wrong_data": ENGINES,
+    "test_your_model_study": (),
 }
 
 #: Tests whose markers differ from their module's, as ``module::function`` (every parametrisation).

@@ -68,18 +68,26 @@ def comm_size_checks(table: pd.DataFrame, *, all_runs_done: bool, num_specs: int
     }
 
 
-def user_model_checks(summary: pd.DataFrame, num_specs: int, validation: pd.DataFrame,
-                      vocab_size: int) -> dict[str, bool]:
+def user_model_checks(summary: pd.DataFrame, num_specs: int, validation: pd.DataFrame, vocab_size: int,
+                      peaks: pd.DataFrame | None = None) -> dict[str, bool]:
     """Notebook 07: every run done; FSDP's losses within :data:`LOSS_TOLERANCE` of DDP's (runs with a DDP twin);
-    parameters and optimizer state within the validation's tolerance; every final loss below uniform guessing.
+    parameters and optimizer state within the validation's tolerance; every final loss below uniform guessing;
+    and, given ``peaks``, every run's measured peak within its tolerance of the prediction made from the model's
+    profile (runs whose stored peak is not a measurement are shown there with their cause, not held; at least
+    one run must be held).
 
     Args:
         validation: :func:`workbench.studies.memory.memory_validation` of the runs.
+        peaks: :func:`workbench.studies.your_model.peak_table` of the runs.
     """
-    return {
+    checks = {
         "every run stored and done": bool((summary.status == "done").all()) and len(summary) == num_specs,
         "FSDP within 1e-5 of DDP at every step": bool((summary.max_abs_loss_diff_to_ddp.dropna() < LOSS_TOLERANCE).all()),
         "parameters and optimizer state within 5% of the estimate":
             bool(validation[validation.component != "peak"].within.all()),
         "training lowered the loss below uniform guessing": bool((summary.final_loss < math.log(vocab_size)).all()),
     }
+    if peaks is not None:
+        held = peaks.within.dropna()
+        checks["every measured peak within 10% of its profile's prediction"] = bool(len(held)) and bool(held.all())
+    return checks
