@@ -116,3 +116,6 @@ def test_the_extras_install_mlx_lm_and_the_cuda_builds():
     assert {r.name for r in reqs["jax"]} <= set(cuda) and "mlx-lm" in cuda
     mlx_lm = next(r for r in reqs["mlx-lm"] if r.name == "mlx-lm")
     assert ">=" in {s.operator for s in mlx_lm.specifier} and "<" in {s.operator for s in mlx_lm.specifier}
+    pins = dict(line.split("==") for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert mlx_lm.specifier.contains(pins["mlx-lm"]) and pins["mlx"] == pins["mlx-cpu"]  # one MLX, mlx-lm's too
