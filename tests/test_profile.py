@@ -87,6 +87,26 @@ def test_a_stored_profile_comes_back_equal_and_the_run_tables_pass_over_it(tmp_p
     assert load_runs(tmp_path).problems == []  # .profiles is no run
 
 
+def test_a_profile_keeps_the_forward_alone_and_the_machines_cores_and_reads_one_stored_without_them(tmp_path):
+    fields = profile_key_fields(RunSpec(model=LM), 1)
+    timed = measured(forward_s_samples=[[0.1], [0.2], [0.4]], cores=2)  # forward: 0.05 s per sequence
+    profile = profile_from_measurements(timed, fields, cost_s=2.0)
+    assert profile.forward_s_at(16) == pytest.approx(0.8) and profile.cores == 2
+    path = save_profile(profile_path(tmp_path, fields), profile)
+    assert load_profile(path) == profile
+    data = json.loads(path.read_text())
+    data["forward_s_samples"][0] = [9.0]  # a sample changed, the stored forward fit not
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="stored fits are not the fits of its samples"):
+        load_profile(path)
+    for name in ("forward_s_samples", "forward_fit", "cores"):  # a profile stored before they were measured
+        del data[name]
+    path.write_text(json.dumps(data))
+    older = load_profile(path)
+    assert older.forward_fit is None and older.cores is None
+    assert older.forward_s_at(8) == pytest.approx(older.compute_s_at(8) / 3)  # a backward is about two forwards
+
+
 @pytest.mark.parametrize("text, why", [
     ("{not json", "cannot be read as JSON"),
     ('{"version": 99}', "not a profile of version 1"),

@@ -2,6 +2,8 @@
 reused from the cache; and the check that matters, a causal-attention model's peak on 2 real MLX ranks held
 to 10% of the prediction made from its profile (the closed formula missed it 4 to 5 times)."""
 
+import os
+
 import pytest
 
 import workbench.launch.profile as launch_profile
@@ -40,6 +42,9 @@ def test_a_real_profile_measures_activations_that_grow_with_the_micro_batch(tmp_
         assert profile.parameter_bytes == profile.gradient_bytes == MLP * 4
     assert profile.optimizer_state_bytes >= 2 * profile.parameter_bytes  # AdamW's two moments
     assert all(t > 0 for s in profile.compute_s_samples for t in s) and profile.update_s > 0
+    # what the step-time prediction takes besides: the forward alone (recomputed where units reshard), the cores
+    assert [len(s) for s in profile.forward_s_samples] == [2, 2] and all(t > 0 for s in profile.forward_s_samples for t in s)
+    assert profile.cores == os.cpu_count() and profile.key_fields["threads"] >= 1
     assert profile.cost_s > 0 and profile.cost_peak_rss_bytes > profile.parameter_bytes
     if framework == "jax":  # the plan beside the truth (VmHWM), which it should not be far from
         assert profile.truth_source.startswith("VmHWM")

@@ -1,6 +1,7 @@
 """Step time predicted from a model's profile, in one process (issue 26): the pure predictor against hand-computed
 terms, each term moving the total as it should, and a run's prediction from its strategy record and links."""
 
+import pandas as pd
 import pytest
 
 from workbench.estimate.comm import AlphaBeta
@@ -8,12 +9,16 @@ from workbench.estimate.step_time import (
     TERMS,
     StepTimePrediction,
     collective_seconds,
+    cpu_slowdown,
+    off_term,
     predict_step_time,
     rank_update_bytes,
 )
-from workbench.runs.estimate import predict_run_step_time, run_model_spec, run_step_shape
+from workbench.runs.estimate import predict_run_step_time, run_model_spec, run_step_shape, step_time_validation
 from workbench.runs.profile import profile_from_measurements, profile_key_fields
 from workbench.runs.spec import RunSpec
+from workbench.runs.store import RunStore
+from workbench.runs.tables import load_runs
 from workbench.strategies import Collective, get_strategy
 
 #: Links with round numbers: alpha per ring step (s), beta (bytes/s).
@@ -69,13 +74,15 @@ def test_links_are_read_per_framework_and_a_missing_one_is_named():
     assert rank_update_bytes(10, 4, True) == 3 and rank_update_bytes(10, 4, False) == 10
 
 
-def profile_of(spec, compute=(0.02, 0.04), update_s=0.004):
-    """A profile of ``spec``'s model measured at b = 2 and 4: ``compute`` seconds, ``update_s`` for the model."""
+def profile_of(spec, compute=(0.02, 0.04), update_s=0.004, forward=None, cores=None):
+    """A profile of ``spec``'s model measured at b = 2 and 4 with 1 thread: ``compute`` (and ``forward``) seconds,
+    ``update_s`` for the model, on ``cores`` CPUs."""
     nbytes = run_model_spec(spec).nbytes
     measured = {"micro_batch_sizes": [2, 4], "activation_samples": [[1000], [2000]],
                 "compute_s_samples": [[compute[0]], [compute[1]]], "parameter_bytes": nbytes, "gradient_bytes": nbytes,
                 "optimizer_state_bytes": 2 * nbytes, "update_s": update_s, "truth_source": "test",
-                "plan_activation_bytes": None, "peak_rss_bytes": 1, "peak_array_bytes": None, "versions": {}}
+                "plan_activation_bytes": None, "peak_rss_bytes": 1, "peak_array_bytes": None, "versions": {},
+                "forward_s_samples": None if forward is None else [[forward[0]], [forward[1]]], "cores": cores}
     return profile_from_measurements(measured, profile_key_fields(spec, 1), cost_s=1.0)
 
 
@@ -120,3 +127,58 @@ def test_the_prediction_is_a_frozen_record():
     with pytest.raises(AttributeError):
         p.compute_s = 2.0
     assert p.total_s == 1.5 and p.to_dict()["comm_by_kind"] == {}
+
+
+def test_the_forward_is_added_again_where_units_reshard_after_forward():
+    spec = dict(RunSpec(framework="mlx", strategy="fsdp-full", num_ranks=2, global_batch=8, model=LM).to_dict())
+    profile = profile_of(RunSpec(**spec), forward=(0.005, 0.01))
+    resharding = predict_run_step_time(spec, profile, LINKS)
+    assert resharding.compute_s == pytest.approx(0.04 + 0.01)  # b = 4: backward 40 ms, its forward again 10 ms
+    kept = predict_run_step_time(dict(spec, global_batch=16, num_microbatches=2), profile, LINKS)
+    assert kept.compute_s == pytest.approx(2 * 0.04)  # deferred sync keeps the units gathered: nothing recomputed
+    row = predict_run_step_time(dict(spec, strategy="fsdp-row"), profile, LINKS)
+    assert row.compute_s == pytest.approx(0.04)
+
+
+def test_ranks_that_share_the_cores_compute_slower_than_the_profile_alone():
+    assert cpu_slowdown(4, 1, 2) == 2.0 and cpu_slowdown(2, 1, 2) == 1.0 and cpu_slowdown(4, None, 2) == 1.0
+    spec = RunSpec(framework="mlx", strategy="fsdp-row", num_ranks=4, global_batch=16, model=LM)
+    profile = profile_of(spec, cores=2)  # measured with 1 thread on a 2-core machine
+    four = predict_run_step_time(spec, profile, LINKS)
+    assert four.compute_s == pytest.approx(2 * 0.04)  # 4 ranks of 1 thread on 2 cores: each at half speed
+    assert predict_run_step_time(spec, profile, LINKS, ranks_per_host=2).compute_s == pytest.approx(0.04)
+
+
+def test_the_off_term_is_the_side_the_measurement_points_to():
+    p = StepTimePrediction(compute_s=0.08, update_s=0.01, comm_s=0.006, per_bucket_s=0.004)  # 100 ms
+    assert off_term(p, 0.105) == (None, "within 10%: measured 105.0 ms, predicted 100.0 ms")
+    assert off_term(p, 0.2)[0] == "compute"  # no sync measured: the largest term needs the least correction
+    assert off_term(p, 0.2, measured_sync_s=0.11)[0] == "collectives"  # the sync took the extra 100 ms
+    term, why = off_term(p, 0.2, measured_sync_s=0.01)
+    assert term == "compute" and "the rest 190.0 against 90.0" in why
+    assert off_term(StepTimePrediction(compute_s=0.01, update_s=0.05, comm_s=0.0, per_bucket_s=0.0), 0.2)[0] == "update"
+
+
+def stored_run(root, spec, step_s, sync_s=None, ranks=2, steps=4):
+    """A run in a real store, as the driver leaves it: steps of ``step_s`` (``sync_s``) seconds on every rank."""
+    handle = RunStore(root).create(spec.to_dict())
+    handle.append_steps([{"step": s, "rank": r, "loss": 1.0, "grad_norm": 0.5, "step_time_s": step_s * (3 if s == 0 else 1),
+                          "sync_time_s": sync_s} for s in range(steps) for r in range(ranks)])
+    handle.finish({"ranks": [{"rank": r} for r in range(ranks)]})
+
+
+def test_step_time_validation_sets_the_measured_beside_the_predicted_and_names_the_off_term(tmp_path):
+    ddp = RunSpec(framework="mlx", strategy="ddp", num_ranks=2, global_batch=8, model=LM, steps=4)
+    row = RunSpec(**{**ddp.to_dict(), "strategy": "fsdp-row"})
+    profile = profile_of(ddp)
+    predicted = {s.strategy: predict_run_step_time(s, profile, LINKS) for s in (ddp, row)}
+    stored_run(tmp_path, ddp, predicted["ddp"].total_s * 1.05, sync_s=predicted["ddp"].comm_s)  # within
+    sync = predicted["fsdp-row"].comm_s + 0.05  # its collectives took 50 ms more than the links say
+    stored_run(tmp_path, row, predicted["fsdp-row"].total_s + 0.05, sync_s=sync)
+    table = step_time_validation(load_runs(tmp_path), profile, LINKS).set_index("strategy")
+    assert table.loc["ddp", "measured_ms"] == pytest.approx(predicted["ddp"].total_s * 1.05e3)  # the first step left out
+    assert table.loc["ddp", "predicted_ms"] == pytest.approx(predicted["ddp"].total_s * 1e3)
+    assert bool(table.loc["ddp", "within"]) and pd.isna(table.loc["ddp", "off_term"])
+    assert not table.loc["fsdp-row", "within"] and table.loc["fsdp-row", "off_term"] == "collectives"
+    assert table.loc["fsdp-row", "measured_sync_ms"] == pytest.approx(sync * 1e3)
+    assert "sync measured" in table.loc["fsdp-row", "why"]

@@ -4,7 +4,8 @@ One optimizer step of a rank is, with nothing overlapping (the trainers evaluate
 backward before its sync starts, and update after it):
 
 * **compute**: forward and backward of G micro-batches, each the profile's measured seconds at the run's
-  micro-batch size (measured on one process with the threads a rank gets);
+  micro-batch size (measured on one process with the threads a rank gets), plus the forward again where the
+  step recomputes its units in backward (ZeRO-3 resharding after forward);
 * **update**: the optimizer's update of what this rank updates: the profile's seconds per parameter byte
   times the bytes of the rank's shard (all the parameters where the optimizer is not sharded);
 * **collectives**: what the strategy record issues for G micro-batches (synced once or after each,
@@ -13,6 +14,9 @@ backward before its sync starts, and update after it):
 * **per bucket**: the seconds each synced bucket costs beyond its collectives' latency (packing, dispatch:
   the bucket-size advisor's ``per_bucket_s``, :func:`~workbench.estimate.advisor.predict_sync_curve`), times
   the buckets synced in a step.
+
+Compute and update are CPU work: where the ranks on a host ask for more threads than it has cores, each runs
+``slowdown = ranks * threads / cores`` times slower than the profile measured alone (:func:`cpu_slowdown`).
 
 Pure: standard library only, and the layers below (the run's side: :func:`workbench.runs.estimate.predict_run_step_time`).
 """
@@ -90,6 +94,14 @@ def rank_update_bytes(parameter_bytes: int, num_ranks: int, sharded_optimizer: b
     return -(-p // n) if sharded_optimizer else p
 
 
+def cpu_slowdown(ranks_per_host: int, threads: int | None, cores: int | None) -> float:
+    """How much slower a rank computes than the profile did alone: ``ranks * threads / cores`` where that is
+    over 1 (the ranks share the cores), else 1; 1 where threads or cores are unknown."""
+    n = _count("ranks_per_host", ranks_per_host, 1)
+    known = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (threads, cores))
+    return max(1.0, n * threads / cores) if known else 1.0
+
+
 def collective_seconds(collectives: Iterable[Collective], links: Mapping, framework: str | None = None
                        ) -> dict[str, float]:
     """Seconds of ``collectives`` by kind, each ``count`` collectives of ``data_bytes`` in all over their group:
@@ -119,8 +131,8 @@ def collective_seconds(collectives: Iterable[Collective], links: Mapping, framew
 
 def predict_step_time(*, compute_s_per_microbatch: float, num_microbatches: int, update_s_per_param_byte: float,
                       update_param_bytes: int, collectives: Iterable[Collective] = (), links: Mapping | None = None,
-                      framework: str | None = None, buckets_synced: int = 0, per_bucket_s: float = 0.0
-                      ) -> StepTimePrediction:
+                      framework: str | None = None, buckets_synced: int = 0, per_bucket_s: float = 0.0,
+                      recompute_s_per_microbatch: float = 0.0, slowdown: float = 1.0) -> StepTimePrediction:
     """One rank's optimizer step, in seconds, by term (see the module docstring).
 
     Args:
@@ -133,11 +145,18 @@ def predict_step_time(*, compute_s_per_microbatch: float, num_microbatches: int,
         framework: Which framework's links to read from a ``(framework, kind)`` mapping.
         buckets_synced: Buckets synced in a step (buckets per sync times syncs; 0 where nothing syncs by buckets).
         per_bucket_s: Seconds each synced bucket costs beyond its collectives (>= 0).
+        recompute_s_per_microbatch: Forward seconds a micro-batch's backward runs again (the profile's forward
+            where the units reshard after forward; else 0).
+        slowdown: Compute and update run this many times slower than profiled (:func:`cpu_slowdown`, >= 1).
 
     Raises:
-        ValueError: a negative or non-finite number, G < 1, or a collective with no link (each named).
+        ValueError: a negative or non-finite number, G < 1, slowdown < 1, or a collective with no link (each named).
     """
     compute = _nonnegative("compute_s_per_microbatch", compute_s_per_microbatch)
+    compute += _nonnegative("recompute_s_per_microbatch", recompute_s_per_microbatch)
+    slow = _nonnegative("slowdown", slowdown)
+    if slow < 1:
+        raise ValueError(f"slowdown={slowdown!r}: >= 1 (ranks never compute faster than the profile alone)")
     g = _count("num_microbatches", num_microbatches, 1)
     rate = _nonnegative("update_s_per_param_byte", update_s_per_param_byte)
     nbytes = _count("update_param_bytes", update_param_bytes, 0)
@@ -148,6 +167,39 @@ def predict_step_time(*, compute_s_per_microbatch: float, num_microbatches: int,
         raise ValueError("links=None: the step has collectives to price; give the placement's fitted links "
                          "(workbench.studies.step_time.fit_links of its collective benchmark)")
     by_kind = collective_seconds(priced, links or {}, framework)
-    return StepTimePrediction(compute_s=compute * g, update_s=rate * nbytes, comm_s=sum(by_kind.values()),
+    return StepTimePrediction(compute_s=compute * g * slow, update_s=rate * nbytes * slow, comm_s=sum(by_kind.values()),
                               per_bucket_s=per_bucket * buckets, comm_by_kind=by_kind,
                               num_collectives=sum(c.count for c in priced))
+
+
+#: Where a run's measured step is held to its prediction (on a quiet machine: under load, ranks wait on each other).
+STEP_TIME_TOLERANCE = 0.10
+
+
+def off_term(prediction: StepTimePrediction, measured_s: float, measured_sync_s: float | None = None, *,
+             tolerance: float = STEP_TIME_TOLERANCE) -> tuple[str | None, str]:
+    """The term of ``prediction`` that is off where the measured step misses it by more than ``tolerance``.
+
+    Where the run measured its sync apart (MLX's bucketed steps: ``sync_time_s``), the side that misses more
+    is found first: the sync (collectives, per bucket) or the rest (compute, update). On that side (or among
+    all four, without a measured sync) the term named is the largest predicted one: the one that would need
+    the smallest relative correction to close the gap.
+
+    Returns:
+        ``(term, why)``: a name of :data:`TERMS` (None when within), and a sentence with the figures (ms).
+    """
+    predicted, measured = prediction.total_s, _nonnegative("measured_s", measured_s)
+    gap = measured - predicted
+    if predicted > 0 and abs(gap) <= tolerance * predicted:
+        return None, f"within {tolerance:.0%}: measured {measured * 1e3:.1f} ms, predicted {predicted * 1e3:.1f} ms"
+    side, detail = TERMS, ""
+    if measured_sync_s is not None:
+        sync = _nonnegative("measured_sync_s", measured_sync_s)
+        sync_pred = prediction.comm_s + prediction.per_bucket_s
+        rest_gap = (measured - sync) - (prediction.compute_s + prediction.update_s)
+        side = ("collectives", "per_bucket") if abs(sync - sync_pred) > abs(rest_gap) else ("compute", "update")
+        detail = (f"; sync measured {sync * 1e3:.1f} ms against {sync_pred * 1e3:.1f} predicted, the rest "
+                  f"{(measured - sync) * 1e3:.1f} against {(prediction.compute_s + prediction.update_s) * 1e3:.1f}")
+    term = max(side, key=prediction.term_s)
+    return term, (f"measured {measured * 1e3:.1f} ms against {predicted * 1e3:.1f} predicted ({gap * 1e3:+.1f} ms)"
+                  f"{detail}: {term} predicted {prediction.term_s(term) * 1e3:.1f} ms")

@@ -13,13 +13,15 @@ The model is the run's (:func:`~workbench.ranks.user_model.jax_params_and_loss`)
   (:func:`~workbench.ranks.profile_probe.map_large_allocations`). XLA on CPU keeps no allocator statistics,
   so this is what the process really touched.
 
-Also timed: forward and backward (seconds, the compiled call), and the jitted optimizer update of the whole
+Also timed: forward and backward (seconds, the compiled call), forward alone (its own compiled program: what
+a unit-gathering step recomputes in backward), and the jitted optimizer update of the whole
 model (seconds). Started by :func:`workbench.launch.profile.profile_model` with the threads a rank will have.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 
@@ -32,6 +34,7 @@ from workbench.ranks.profile_probe import (
     rss_above,
     status_bytes,
     thread_count,
+    timed,
     token_batch,
 )
 from workbench.ranks.user_model import jax_params_and_loss
@@ -57,6 +60,7 @@ def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
     opt = make_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
     state = opt.init(params)
     grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+    forward_fn = jax.jit(loss_fn)
 
     @jax.jit
     def update(grads, state, params):
@@ -85,7 +89,7 @@ def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
         activation.append(samples)
         programs[b] = compiled, batch
     map_large_allocations(GLIBC_MMAP_THRESHOLD_MAX)  # the times with the heap reuse of glibc's own default
-    compute, update_s = [], []
+    compute, forward, update_s = [], [], []
     for b in sizes:
         compiled, batch = programs[b]
         loss, grads = jax.block_until_ready(compiled(params, batch))  # warm: not timed
@@ -102,12 +106,14 @@ def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
             jax.block_until_ready(compiled(params, batch))
             seconds.append(time.perf_counter() - t0)
         compute.append(seconds)
+        jax.block_until_ready(forward_fn(params, batch))  # compiled: not timed
+        forward.append(timed(lambda: jax.block_until_ready(forward_fn(params, batch)), repeats))
     truth = all(s is not None for row in activation for s in row)
-    return {"framework": "jax", "threads": thread_count(), "micro_batch_sizes": list(sizes),
+    return {"framework": "jax", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": param_bytes, "gradient_bytes": param_bytes, "optimizer_state_bytes": state_bytes,
             # where the high-water mark cannot be reset, the plan stands in for the truth (and says so)
             "activation_samples": activation if truth else [[p] for p in planned],
-            "compute_s_samples": compute, "update_s": median(update_s),
+            "compute_s_samples": compute, "forward_s_samples": forward, "update_s": median(update_s),
             "truth_source": "VmHWM above VmRSS (clear_refs), less the gradients" if truth else
             "XLA memory_analysis (the process's high-water mark could not be reset)",
             "plan_activation_bytes": planned, "peak_array_bytes": None,

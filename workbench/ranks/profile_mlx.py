@@ -7,13 +7,15 @@ trainers run them (:func:`~workbench.adapters.mlx.accum.accumulate_microbatches`
 loss and gradients evaluated together), between ``mx.reset_peak_memory()`` and ``mx.get_peak_memory()``.
 The activation bytes of a measurement are that peak above the arrays live before it (parameters, optimizer
 state, the batch), less the gradients it produced (a run's estimate counts those as a state). Also timed:
-forward and backward (seconds), and the optimizer's update of the whole model (seconds, over the parameter
+forward and backward (seconds), forward alone (what a rank recomputes in backward where
+its units reshard after forward), and the optimizer's update of the whole model (seconds, over the parameter
 bytes). Started by :func:`workbench.launch.profile.profile_model` with the threads a rank will have.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 
@@ -22,6 +24,7 @@ from workbench.ranks.profile_probe import (
     median,
     profile_main,
     thread_count,
+    timed,
     token_batch,
 )
 from workbench.ranks.user_model import mlx_model_and_loss
@@ -54,7 +57,7 @@ def measure_mlx(spec, sizes: list[int], repeats: int) -> dict:
         mx.eval(model.parameters(), opt.state)
         update_s.append(time.perf_counter() - t0)
     del grads
-    activation, compute, peak_array = [], [], 0
+    activation, compute, forward, peak_array = [], [], [], 0
     for b in sizes:
         run, samples, seconds = backward(b), [], []
         for _ in range(repeats):
@@ -70,10 +73,12 @@ def measure_mlx(spec, sizes: list[int], repeats: int) -> dict:
             del loss, grads
         activation.append(samples)
         compute.append(seconds)
-    return {"framework": "mlx", "threads": thread_count(), "micro_batch_sizes": list(sizes),
+        inputs, targets = (mx.array(a) for a in token_batch(spec, b))
+        forward.append(timed(lambda: mx.eval(loss_fn(model, inputs, targets)), repeats))
+    return {"framework": "mlx", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": tree_nbytes(model.trainable_parameters()), "gradient_bytes": gradient_bytes,
             "optimizer_state_bytes": optimizer_state_bytes(opt), "activation_samples": activation,
-            "compute_s_samples": compute, "update_s": median(update_s[1:]),
+            "compute_s_samples": compute, "forward_s_samples": forward, "update_s": median(update_s[1:]),
             "truth_source": "mx.get_peak_memory above the live arrays, less the gradients",
             "plan_activation_bytes": None, "peak_array_bytes": int(peak_array), "peak_rss_bytes": peak_rss_bytes(),
             "versions": package_versions()}

@@ -153,6 +153,16 @@ def median(values: list[float]) -> float:
     return float(np.median(values))
 
 
+def timed(run: Callable[[], Any], repeats: int) -> list[float]:
+    """Seconds of ``repeats`` calls of ``run`` (each waits for its result), one by one."""
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
 def thread_count() -> int | None:
     """The threads this process was given (``OMP_NUM_THREADS``, as :func:`workbench.launch.plan.thread_env` sets
     it for every rank), or None."""

@@ -20,7 +20,14 @@ from workbench.core.specs import DTYPE_BYTES, ModelSpec, spec_from_flat
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
-from workbench.estimate.step_time import StepTimePrediction, predict_step_time, rank_update_bytes
+from workbench.estimate.step_time import (
+    STEP_TIME_TOLERANCE,
+    StepTimePrediction,
+    cpu_slowdown,
+    off_term,
+    predict_step_time,
+    rank_update_bytes,
+)
 from workbench.models.init import LMConfig, lm_model_spec
 from workbench.strategies import StepShape, get_strategy
 
@@ -188,7 +195,7 @@ def run_step_shape(spec: Any, model_shapes: Any = None) -> StepShape:
 
 
 def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shapes: Any = None,
-                          per_bucket_s: float = 0.0) -> StepTimePrediction:
+                          per_bucket_s: float = 0.0, ranks_per_host: int | None = None) -> StepTimePrediction:
     """One rank's optimizer step of a run, in seconds by term, from its model's measured profile.
 
     The advisor's call: ``predict_run_step_time(spec, profile, links)``.
@@ -199,12 +206,16 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
             sequences), ``communication_size``, ``defer_sync``, ``max_norm``, the model.
         profile: The model's :class:`~workbench.runs.profile.ModelProfile`
             (:func:`workbench.launch.profile.profile_model` of the same spec: measured with the threads a
-            rank of this run gets). Its compute line gives each micro-batch's forward and backward seconds,
+            rank of this run gets). Its compute line gives each micro-batch's forward and backward seconds
+            (and its forward line what a step resharding its units after forward runs again in backward),
             its update seconds per parameter byte the update of this rank's shard.
         links: The placement's fitted links, ``{(framework, kind): AlphaBeta}``
             (:func:`workbench.studies.step_time.fit_links` of its collective benchmark) or ``{kind: AlphaBeta}``.
         model_shapes: A user model's parameters (:func:`run_model_spec`); ignored for the built-in LM.
         per_bucket_s: Seconds each synced bucket costs beyond its collectives (the bucket-size advisor's).
+        ranks_per_host: Ranks sharing a host (default ``num_ranks``: one machine). Where they ask for more
+            threads than its cores (the profile's ``threads`` and ``cores``), compute and update slow down
+            (:func:`~workbench.estimate.step_time.cpu_slowdown`).
 
     Returns:
         :class:`~workbench.estimate.step_time.StepTimePrediction`: compute (G micro-batches), update,
@@ -221,8 +232,13 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
     shape = run_step_shape(fields, model_shapes)
     model = run_model_spec(fields, model_shapes)
     by_buckets = record.units == "buckets" and record.implementation(fields["framework"]).sync_per == "bucket"
+    b = fields["global_batch"] // (n * g)
+    # as the memory model: units freed after forward are recomputed in backward, unless deferred sync keeps them
+    recompute = record.gathers_units and record.reshard_after_forward and not (g > 1 and fields.get("defer_sync", True))
+    slowdown = cpu_slowdown(ranks_per_host or n, profile.key_fields.get("threads"), getattr(profile, "cores", None))
     return predict_step_time(
-        compute_s_per_microbatch=profile.compute_s_at(fields["global_batch"] // (n * g)), num_microbatches=g,
+        compute_s_per_microbatch=profile.compute_s_at(b), num_microbatches=g, slowdown=slowdown,
+        recompute_s_per_microbatch=profile.forward_s_at(b) if recompute else 0.0,
         update_s_per_param_byte=profile.update_s_per_param_byte,
         update_param_bytes=rank_update_bytes(model.nbytes, n, record.sharded.optimizer),
         collectives=record.step_collectives(shape), links=links, framework=fields["framework"],
@@ -239,3 +255,50 @@ def _check_profile_fits(fields: Mapping[str, Any], profile: Any) -> None:
     wrong = [f"{name}: {key.get(name)!r}, not {value!r}" for name, value in want.items() if key.get(name) != value]
     if wrong:
         raise ValueError(f"the profile {profile.key} measured another model than this run ({'; '.join(wrong)})")
+
+
+def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bucket_s: float = 0.0,
+                         warmup_steps: int = 1, tolerance: float = STEP_TIME_TOLERANCE) -> "Any":
+    """Every done run's step time, predicted from its model's profile and measured, side by side.
+
+    Args:
+        loaded: :func:`workbench.runs.tables.load_runs` of a run store.
+        profile_of: The profile of a run's model: a callable taking the run's spec dict (e.g.
+            ``lambda s: profile_model(RunSpec(**s), root)``), or one profile for every run.
+        links: The placement's fitted links (:func:`predict_run_step_time`).
+        per_bucket_s: Seconds per synced bucket beyond its collectives (the bucket-size advisor's).
+        warmup_steps: Steps left out before the median.
+        tolerance: The target, relative to the prediction (held on a quiet machine).
+
+    Returns:
+        A DataFrame, one row per run: ``run``, ``run_id``, ``framework``, ``strategy``, ``num_ranks``, the
+        predicted terms and total (``compute_ms``, ``update_ms``, ``comm_ms``, ``per_bucket_ms``,
+        ``predicted_ms``), ``measured_ms`` (median over steps after ``warmup_steps`` of the slowest rank),
+        ``measured_sync_ms`` (MLX's bucketed steps; else NaN), ``ratio`` (measured / predicted),
+        ``tolerance``, ``within``, and where it misses, ``off_term`` and ``why``
+        (:func:`~workbench.estimate.step_time.off_term`).
+    """
+    import pandas as pd
+
+    rows = []
+    runs, steps = loaded.runs, loaded.steps
+    for _, run in (runs[runs.status == "done"] if "status" in runs else runs.iloc[0:0]).iterrows():
+        spec = spec_from_row(run)
+        profile = profile_of(spec) if callable(profile_of) else profile_of
+        p = predict_run_step_time(spec, profile, links, model_shapes=run.get("model_shapes"), per_bucket_s=per_bucket_s)
+        mine = steps[(steps.run_id == run.run_id) & (steps.step >= warmup_steps)]
+        step_s = float(mine.groupby("step").step_time_s.max().median())
+        sync = mine.sync_time_s if "sync_time_s" in mine and mine.sync_time_s.notna().any() else None
+        sync_s = None if sync is None else float(mine.assign(s=sync).groupby("step").s.max().median())
+        term, why = off_term(p, step_s, sync_s, tolerance=tolerance)
+        rows.append({"run": f"{spec['framework']} {spec['strategy']}", "run_id": run.run_id,
+                     "framework": spec["framework"], "strategy": spec["strategy"], "num_ranks": spec["num_ranks"],
+                     **{f"{t}_ms": getattr(p, f"{t}_s") * 1e3 for t in ("compute", "update", "comm", "per_bucket")},
+                     "predicted_ms": p.total_s * 1e3, "measured_ms": step_s * 1e3,
+                     "measured_sync_ms": float("nan") if sync_s is None else sync_s * 1e3,
+                     "ratio": step_s / p.total_s if p.total_s else float("nan"), "tolerance": tolerance,
+                     "within": term is None, "off_term": term, "why": why})
+    columns = ["run", "run_id", "framework", "strategy", "num_ranks", "compute_ms", "update_ms", "comm_ms",
+               "per_bucket_ms", "predicted_ms", "measured_ms", "measured_sync_ms", "ratio", "tolerance", "within",
+               "off_term", "why"]
+    return pd.DataFrame(rows, columns=columns)

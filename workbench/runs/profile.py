@@ -86,8 +86,13 @@ class ModelProfile:
         activation_samples: Per size, each measurement's activation bytes: the peak above the resident
             parameters, optimizer state and batch, less the gradients (``truth_source`` says how read).
         compute_s_samples: Per size, each measurement's forward-and-backward seconds.
+        forward_s_samples: Per size, each measurement's forward seconds alone (what a step that reshards its
+            units after forward runs again in backward); None in a profile stored before they were measured.
+        cores: CPUs of the machine that measured it (``os.cpu_count()``), or None: with ``threads`` it says
+            whether a run's ranks had the cores the profile had.
         activation_fit: Bytes against ``b``, fitted to each size's largest sample.
         compute_fit: Seconds against ``b``, fitted to each size's median.
+        forward_fit: The same of the forward alone, or None.
         parameter_bytes, gradient_bytes, optimizer_state_bytes: The whole model's, on the profiling process.
         update_s: The optimizer's update of the whole model, seconds (median).
         plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
@@ -111,8 +116,11 @@ class ModelProfile:
     cost_peak_rss_bytes: int
     cost_peak_array_bytes: int | None
     versions: dict = field(default_factory=dict)
+    forward_s_samples: tuple[tuple[float, ...], ...] | None = None
+    cores: int | None = None
     activation_fit: LinearFit = field(init=False)
     compute_fit: LinearFit = field(init=False)
+    forward_fit: LinearFit | None = field(init=False)
 
     def __post_init__(self) -> None:
         sizes = self.micro_batch_sizes
@@ -122,6 +130,11 @@ class ModelProfile:
             sizes, [max(s) for s in self.activation_samples], what="activation_bytes"))
         object.__setattr__(self, "compute_fit", fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in self.compute_s_samples], what="compute_s"))
+        forward = self.forward_s_samples
+        if forward is not None and len(forward) != len(sizes):
+            raise ValueError(f"a profile's forward_s_samples need one row for each of the sizes {list(sizes)}")
+        object.__setattr__(self, "forward_fit", None if forward is None else fit_linear(
+            sizes, [sorted(s)[len(s) // 2] for s in forward], what="forward_s"))
 
     @property
     def key(self) -> str:
@@ -144,17 +157,26 @@ class ModelProfile:
         """Forward and backward seconds of one micro-batch of ``micro_batch_size`` sequences (>= 0)."""
         return max(0.0, self.compute_fit.at(micro_batch_size))
 
+    def forward_s_at(self, micro_batch_size: int) -> float:
+        """Forward seconds of one micro-batch (>= 0); a third of :meth:`compute_s_at` where the profile has no
+        forward measured (a backward costs about two forwards)."""
+        if self.forward_fit is None:
+            return self.compute_s_at(micro_batch_size) / 3
+        return max(0.0, self.forward_fit.at(micro_batch_size))
+
     def to_dict(self) -> dict:
         out = {"version": PROFILE_VERSION, "key": self.key, "key_fields": self.key_fields,
                "micro_batch_sizes": list(self.micro_batch_sizes),
                "activation_samples": [list(s) for s in self.activation_samples],
                "compute_s_samples": [list(s) for s in self.compute_s_samples],
+               "forward_s_samples": None if self.forward_s_samples is None else [list(s) for s in self.forward_s_samples],
                "plan_activation_bytes": None if self.plan_activation_bytes is None
                else list(self.plan_activation_bytes)}
         for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
-                     "cost_s", "cost_peak_rss_bytes", "cost_peak_array_bytes", "versions"):
+                     "cost_s", "cost_peak_rss_bytes", "cost_peak_array_bytes", "versions", "cores"):
             out[name] = getattr(self, name)
         out["activation_fit"], out["compute_fit"] = self.activation_fit.to_dict(), self.compute_fit.to_dict()
+        out["forward_fit"] = None if self.forward_fit is None else self.forward_fit.to_dict()
         return out
 
 
@@ -171,7 +193,10 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
         plan_activation_bytes=None if measured.get("plan_activation_bytes") is None
         else tuple(measured["plan_activation_bytes"]),
         cost_s=float(cost_s), cost_peak_rss_bytes=int(measured["peak_rss_bytes"]),
-        cost_peak_array_bytes=measured.get("peak_array_bytes"), versions=dict(measured.get("versions") or {}))
+        cost_peak_array_bytes=measured.get("peak_array_bytes"), versions=dict(measured.get("versions") or {}),
+        forward_s_samples=None if measured.get("forward_s_samples") is None
+        else tuple(tuple(float(v) for v in s) for s in measured["forward_s_samples"]),
+        cores=None if measured.get("cores") is None else int(measured["cores"]))
 
 
 def save_profile(path: str | Path, profile: ModelProfile) -> Path:
@@ -200,11 +225,15 @@ def load_profile(path: str | Path) -> ModelProfile:
         profile = profile_from_measurements(measured, data["key_fields"], data["cost_s"])
         stored = (fit_from_dict(data["activation_fit"], what="activation_fit"),
                   fit_from_dict(data["compute_fit"], what="compute_fit"))
+        forward = data.get("forward_fit")
+        forward = None if forward is None else fit_from_dict(forward, what="forward_fit")
     except (KeyError, TypeError, ValueError) as err:
         raise ProfileError(path, f"a field is missing or malformed ({type(err).__name__}: {err})") from None
     if data.get("key") != profile.key:
         raise ProfileError(path, f"its key {data.get('key')!r} is not the hash of its key_fields ({profile.key})")
-    if not all(_close(a, b) for a, b in zip(stored, (profile.activation_fit, profile.compute_fit))):
+    fits_agree = all(_close(a, b) for a, b in zip(stored, (profile.activation_fit, profile.compute_fit)))
+    if not fits_agree or (forward is None) != (profile.forward_fit is None) or (
+            forward is not None and not _close(forward, profile.forward_fit)):
         raise ProfileError(path, "its stored fits are not the fits of its samples (edited by hand?)")
     return profile
 
