@@ -15,13 +15,19 @@ tests that need nothing but this process. A module takes its markers from :data:
 process (``subprocess``, ``os.fork``/``exec``/``spawn``/``system``) fails its teardown with
 :class:`UnmarkedProcessError` naming the test, so a new test that starts processes cannot stay in the fast loop.
 
-Also :func:`shared_runs`: a run that several modules train with the same spec is trained once a session.
+Also :func:`shared_runs`: a run that several modules train with the same spec is trained once a session, and a
+run a notebook's sweep will run under nbval is stored in that notebook's run store too (:data:`NBVAL_SWEEPS`), so
+nbval, which runs after the tests, finds it done instead of training it again.
 """
 
 from __future__ import annotations
 
+import ast
+import os
 import shutil
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -222,33 +228,92 @@ def pytest_collection_modifyitems(items):
             item.add_marker(marker)
 
 
+#: Notebooks whose sweeps share the tests' runs: a run :class:`SharedRuns` trains that one of them will run under
+#: nbval (same spec, so same run id) is copied into that notebook's run store, where its sweep skips it as done.
+NBVAL_SWEEPS = ("03_memory_math", "06_gradient_accumulation")
+
+
+def nbval_sweep(notebook: str) -> tuple[Path, dict[str, object]]:
+    """The run store and the specs (by run id) of ``notebook``'s sweep in the configuration nbval runs: its
+    precondition and parameter cells executed here (``setup()`` giving the settings without touching plotly), then
+    the statements of its first ``run_sweep`` cell before that call."""
+    import json
+
+    from workbench.core import paths
+    from workbench.publish import notebook as nb_setup
+    from workbench.runs.store import run_id_for
+
+    cells = [c for c in json.loads((paths.NOTEBOOK_DIR / f"{notebook}.ipynb").read_text())["cells"]
+             if c["cell_type"] == "code"]
+    sources = ["".join(c["source"]) for c in cells]
+    sweep = ast.parse(next(s for s in sources if "run_sweep(" in s and "import" not in s))
+    before = ast.Module([t for t in sweep.body[:next(i for i, t in enumerate(sweep.body)
+                                                     if "run_sweep(" in ast.unparse(t))]], [])
+    settings = nb_setup.NotebookSettings(export=False, small=nb_setup.env_flag("WORKBENCH_SMALL"), renderer="",
+                                         full=nb_setup.env_flag("WORKBENCH_FULL"))
+    setup, nb_setup.setup = nb_setup.setup, lambda: settings
+    namespace: dict[str, object] = {"print": lambda *a, **k: None, "display": lambda *a, **k: None}
+    try:
+        for code in (*sources[:2], ast.unparse(before)):
+            exec(code, namespace)  # noqa: S102 - the repository's own notebook
+    finally:
+        nb_setup.setup = setup
+    return Path(namespace["RUNS"]), {run_id_for(s.to_dict()): s for s in namespace["specs"]}
+
+
 class SharedRuns:
     """One run store for the session: a spec that several tests train (the same run id) is trained once."""
 
     def __init__(self, root: Path):
         self.root, self.outcomes = root, {}
+        self._sweeps: list[tuple[Path, dict]] | None = None
 
     def run(self, spec, root: Path, **kwargs):
         """``spec`` trained by ``run_training`` into the session's store the first time it is asked for (again
         if that run did not finish), its run folder copied into ``root`` so that ``load_runs(root)`` reads it
-        beside the caller's own runs; returns the run's first outcome ("done" on every ask)."""
+        beside the caller's own runs; returns the run's first outcome ("done" on every ask). A run first
+        trained here that a notebook of :data:`NBVAL_SWEEPS` runs is copied into that notebook's store."""
         from workbench.launch.driver import run_training
         from workbench.runs.store import run_id_for
 
         key = run_id_for(spec.to_dict())
         if key not in self.outcomes or self.outcomes[key].status != "done":
             self.outcomes[key] = run_training(spec, self.root, **kwargs)
+            if self.outcomes[key].status == "done":
+                self._offer_to_notebooks(key)
         outcome = self.outcomes[key]
         if outcome.status == "done":
             shutil.copytree(self.root / outcome.run_id, Path(root) / outcome.run_id, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(".lock"))
         return outcome
 
+    def _offer_to_notebooks(self, run_id: str) -> None:
+        """Copies run ``run_id`` into the store of each notebook sweep that runs it and does not hold it yet
+        (a store's own runs, say a developer's, are never replaced); written beside the store and renamed in."""
+        if self._sweeps is None:
+            try:
+                self._sweeps = [nbval_sweep(name) for name in NBVAL_SWEEPS]
+            except Exception as e:  # nbval will train the runs itself (and fail there if the notebook is broken)
+                warnings.warn(f"notebook sweeps not read, so not shared: {type(e).__name__}: {e}", stacklevel=2)
+                self._sweeps = []
+        for store, specs in self._sweeps:
+            if run_id not in specs or (store / run_id).exists():
+                continue
+            store.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{run_id}-", dir=store.parent))
+            shutil.copytree(self.root / run_id, staging / run_id, ignore=shutil.ignore_patterns(".lock"))
+            try:
+                os.rename(staging / run_id, store / run_id)
+            except OSError:  # another session stored it first
+                pass
+            shutil.rmtree(staging, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
-    """Runs shared between test modules: test_train_jax's fsdp-row run is test_jax_accum's G=1 run; the
-    memory validation's runs (test_validation) are there for any module that runs the same specs."""
+    """Runs shared between test modules and with the notebooks' sweeps: test_train_jax's fsdp-row run is
+    test_jax_accum's G=1 run; the memory validation's runs (test_validation) are test_fully_shard_runs' DDP run
+    and notebook 03's (and 06's) runs."""
     return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from workbench.core.fully_shard_plan import plan_fully_shard
-from workbench.launch.driver import run_training
 from workbench.launch.plan import plan_launch
 from workbench.launch.local_run import run_local
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
@@ -43,9 +42,10 @@ RING = {"ddp-2": dict(strategy="ddp"), "fully-shard-2": {},
 
 
 @pytest.fixture(scope="module")
-def ring(tmp_path_factory):
+def ring(tmp_path_factory, shared_runs):
     root = tmp_path_factory.mktemp("fully-shard-runs")
-    outcomes = {name: run_training(spec(**kw), root) for name, kw in RING.items()}
+    # ddp-2 is test_validation's MLX DDP run; ddp-2 and fully-shard-2 are notebook 03's too (tests/conftest.py)
+    outcomes = {name: shared_runs.run(spec(**kw), root) for name, kw in RING.items()}
     assert {o.status for o in outcomes.values()} == {"done"}, {k: o.error for k, o in outcomes.items()}
     return {name: o.run_id for name, o in outcomes.items()}, load_runs(root)
 
