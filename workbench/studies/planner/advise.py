@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from workbench.core.checks import as_whole
-from workbench.core.units import format_bytes
+from workbench.core.units import MiB, format_bytes
 from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
 from workbench.launch.profile import profile_model
 from workbench.launch.remote import Placement
@@ -58,11 +58,14 @@ class PlanAdvice:
 
     @property
     def runner_up(self) -> Candidate | None:
-        """The next fitting plan that differs from the pick in more than its bucket size, else the next fitting one."""
-        fitting = [c for c in self.candidates if c.fits and c is not self.recommended]
+        """The next fitting plan predicted slower than the pick that differs from it in more than its bucket size
+        (a plan the models call a tie would prove nothing by its order), else the next fitting plan."""
         pick = self.recommended
-        other = [c for c in fitting if pick is None or (c.spec.strategy, c.spec.num_microbatches, c.spec.defer_sync)
-                 != (pick.spec.strategy, pick.spec.num_microbatches, pick.spec.defer_sync)]
+        fitting = [c for c in self.candidates if c.fits and c is not pick]
+        if pick is None:
+            return (fitting or [None])[0]
+        key = lambda c: (c.spec.strategy, c.spec.num_microbatches, c.spec.defer_sync)  # noqa: E731
+        other = [c for c in fitting if key(c) != key(pick) and c.predicted_step_s > pick.predicted_step_s * 1.001]
         return (other or fitting or [None])[0]
 
     def to_dict(self) -> dict:
@@ -103,10 +106,20 @@ def base_spec(model: Any, *, num_ranks: int, global_batch: int, seq_len: int | N
                      "'package.module:function' (a preset or config.json is planned once a factory builds it)")
 
 
+def benchmark_sizes(model_bytes: int) -> tuple[int, ...]:
+    """The benchmark's sizes for a model of ``model_bytes``: 4 KiB by factors of 4 up to the first size that holds
+    the model (at least 16 KiB .. 1 MiB, at most the build's 64 MiB): a plan's collectives move no more."""
+    sizes = [s for s in SMALL_SIZES if s <= max(model_bytes, MiB)]
+    bigger = [s for s in SMALL_SIZES if s > max(model_bytes, MiB)]
+    return tuple(sizes + bigger[:1])
+
+
 def placement_links(runs_root: str | Path, framework: str, num_ranks: int, placement: Placement, *,
-                    run_if_missing: bool = True, timeout_s: float = 600.0) -> tuple[dict, str]:
+                    run_if_missing: bool = True, timeout_s: float = 600.0,
+                    sizes_bytes: tuple[int, ...] = SMALL_SIZES) -> tuple[dict, str]:
     """The fitted links of ``placement`` for ``num_ranks`` ranks, and where they came from: the stored collective
-    benchmark under ``runs_root`` of that framework, rank count and placement, or one run now (stored there).
+    benchmark under ``runs_root`` of that framework, rank count and placement, or one run now over ``sizes_bytes``
+    (stored there).
 
     Raises:
         ValueError: no benchmark is stored and ``run_if_missing`` is False (it says what to run).
@@ -122,7 +135,7 @@ def placement_links(runs_root: str | Path, framework: str, num_ranks: int, place
             return links, f"{how} collective benchmark {ids} ({framework}, {num_ranks} ranks, {label})"
         if attempt or not run_if_missing:
             break
-        run_collective_benchmark(runs_root, framework, num_ranks, sizes_bytes=SMALL_SIZES, iters=5,
+        run_collective_benchmark(runs_root, framework, num_ranks, sizes_bytes=sizes_bytes, iters=5,
                                  timeout_s=timeout_s, hosts=placement.hosts, launcher=placement.launcher)
     raise ValueError(f"no {framework} collective benchmark of {num_ranks} ranks ({label}) is stored under {runs_root}: "
                      "run workbench.launch.benchmark.run_collective_benchmark for this placement, or give links")
@@ -183,7 +196,8 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
         profile = profile_model(base, runs_root, micro_batch_sizes=wanted if len(wanted) > 1 else None,
                                 ranks_per_host=per_host, timeout_s=profile_timeout_s)
     if links is None:
-        links, source = placement_links(runs_root, framework, num_ranks, placement)
+        links, source = placement_links(runs_root, framework, num_ranks, placement,
+                                        sizes_bytes=benchmark_sizes(shapes.nbytes))
     else:
         source = "given by the caller"
     from workbench.runs.estimate import predict_run_step_time

@@ -1,0 +1,46 @@
+"""``python -m workbench plan --validate`` on 2 real local ranks (issue 27): a model and a budget where DDP does
+not fit and an FSDP plan does, at a bucket size other than the default. The advisor profiles the model, runs the
+placement's collective benchmark, picks, and runs the pick, the runner-up and the smallest whole-parameter plan
+as ordinary runs. Held: the pick fits, by the models and as measured; nothing ruled out is run; the runs are
+stored. Timings under load are not held here (benchmarks/bench_plan_advisor.py prints them)."""
+
+import json
+
+from workbench.__main__ import main
+from workbench.core.buckets import plan_buckets
+from workbench.runs.spec import RunSpec
+from workbench.runs.store import RunStore
+from workbench.studies.planner import advise_plan
+from workbench.studies.planner.candidates import model_of
+
+#: States dominate its peak (as in a real FSDP run): DDP's whole optimizer state does not fit where FSDP's shard does.
+MODEL = dict(vocab_size=256, seq_len=32, dim=192, num_layers=3, num_heads=4, mlp_dim=768)
+
+
+def test_plan_validate_on_two_ranks_picks_a_plan_that_fits_when_ddp_does_not(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    roomy = advise_plan(MODEL, num_ranks=2, memory_bytes=2**40, global_batch=4, runs_root=runs)
+    assert roomy.links_source.startswith("measured now collective benchmark")  # none was stored: run, and said
+    peak = lambda strategy: min(c.predicted_peak_bytes for c in roomy.candidates if c.spec.strategy == strategy)  # noqa
+    assert peak("fsdp-row") < peak("ddp")
+    budget = int(1.1 * (peak("fsdp-row") + peak("ddp")) / 2)  # DDP's smallest plan is over it with the margin
+    model_file = tmp_path / "lm.json"
+    model_file.write_text(json.dumps(MODEL))
+    code = main(["plan", str(model_file), "--ranks", "2", "--memory", str(budget), "--global-batch", "4",
+                 "--runs", str(runs), "--validate", "--steps", "4", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert not any(c["fits"] for c in out["candidates"] if c["strategy"] == "ddp")
+    pick = out["recommended"]
+    assert pick["fits"] and pick["predicted_peak_bytes"] * 1.1 <= budget and pick["strategy"] != "ddp"
+    default = plan_buckets(model_of(RunSpec(model=MODEL)), RunSpec().communication_size).num_buckets
+    assert plan_buckets(model_of(RunSpec(model=MODEL)), pick["communication_size"]).num_buckets != default
+    validated = out["validated"]
+    assert [v["role"] for v in validated][0] == "pick" and len(validated) >= 2
+    assert all(v["fits"] and v["status"] == "done" for v in validated)  # nothing the models rule out was run
+    for v in validated:
+        assert v["measured_step_s"] > 0 and v["measured_peak_bytes"] > 0
+        record = RunStore(runs).load_record(v["run_id"])
+        assert record["status"] == "done" and record["spec"]["strategy"] == v["strategy"]  # an ordinary run
+    assert validated[0]["measured_peak_bytes"] <= budget  # the pick fits as measured, not only as predicted
+    assert set(out["predicted_order"]) == set(out["measured_order"]) == {v["role"] for v in validated}
