@@ -90,6 +90,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_notebook_hosts": (),
     "test_packaging": (),
     "test_plan_advisor": (),
+    "test_plan_validate": ENGINES,
     "test_planners": (),
     "test_preset_shapes": (),
     "test_presets": (),
