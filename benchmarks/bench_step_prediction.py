@@ -1,0 +1,107 @@
+"""Step time predicted from a model's profile against real runs, and the peak beside it (issue 26; prints a table).
+
+For each framework and rank count it first times the collectives on real engines (the collective benchmark,
+:func:`workbench.launch.benchmark.run_collective_benchmark`, sizes 4 KiB to 4 MiB, which span these models'
+buckets) and fits the alpha-beta links of this placement (loopback); it profiles each model once, on one
+process, with the threads a rank gets (:func:`workbench.launch.profile.profile_model`); then it runs every
+(model, strategy) on real ranks and sets the measured step (slowest rank, median after the first step) beside
+:func:`workbench.runs.estimate.predict_run_step_time` term by term
+(:func:`workbench.runs.estimate.step_time_validation`: 10% target, the off term named where it misses), and
+the measured peak beside the profile's (:func:`workbench.runs.profile.estimate_with_profile`).
+
+The models: the built-in LM (tiny: collectives and per-step overheads weigh) and
+``examples/tiny_attention_lm.py`` (2 blocks, d=96, 4 heads, vocabulary 384, sequence 128: compute weighs).
+The machine's load is printed before and after: timings under load are not the model's to hold.
+
+    python3 benchmarks/bench_step_prediction.py [--root DIR] [--frameworks mlx,jax] [--ranks 2,4]
+        [--strategies ddp,fsdp-row,fsdp-flat,fsdp-full] [--models lm,attention] [--steps 6] [--global-batch 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from workbench.launch.benchmark import run_collective_benchmark
+from workbench.launch.driver import run_training
+from workbench.launch.profile import profile_model
+from workbench.runs.estimate import spec_from_row, step_time_validation
+from workbench.runs.profile import estimate_with_profile
+from workbench.runs.spec import RunSpec
+from workbench.runs.tables import load_runs
+from workbench.studies.step_time import fit_links, load_collective_benchmarks
+
+LINK_SIZES = tuple(2**k for k in range(12, 23, 2))  # 4 KiB to 4 MiB
+MODELS = {
+    "lm": dict(model=dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4, mlp_dim=128)),
+    "attention": dict(model=dict(vocab_size=384, seq_len=128), model_factory="examples.tiny_attention_lm:{fw}_factory"),
+}
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+def spec_of(framework: str, model: str, strategy: str, ranks: int, steps: int, global_batch: int) -> RunSpec:
+    fields = {k: (v.format(fw=framework) if isinstance(v, str) else v) for k, v in MODELS[model].items()}
+    return RunSpec(framework=framework, strategy=strategy, num_ranks=ranks, steps=steps, global_batch=global_batch,
+                   **fields)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", help="run store (default: a new temporary folder)")
+    parser.add_argument("--frameworks", default="mlx,jax")
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--strategies", default="ddp,fsdp-row,fsdp-flat,fsdp-full")
+    parser.add_argument("--models", default="lm,attention")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--global-batch", type=int, default=16)
+    args = parser.parse_args()
+    root = Path(args.root or tempfile.mkdtemp(prefix="bench-step-prediction-"))
+    frameworks, ranks = args.frameworks.split(","), [int(n) for n in args.ranks.split(",")]
+    print(f"store {root}; before: {load()}", flush=True)
+    t0 = time.monotonic()
+    for fw in frameworks:
+        for n in ranks:
+            run_collective_benchmark(root / "collectives", fw, n, sizes_bytes=LINK_SIZES, iters=5)
+    links = fit_links(load_collective_benchmarks(root / "collectives"))
+    print(f"links fitted ({time.monotonic() - t0:.0f} s); {load()}", flush=True)
+    for fw in frameworks:
+        for model in args.models.split(","):
+            for n in ranks:
+                for strategy in args.strategies.split(","):
+                    spec = spec_of(fw, model, strategy, n, args.steps, args.global_batch)
+                    profile = profile_model(spec, root)  # cached by the threads a rank of N gets
+                    outcome = run_training(spec, root)
+                    print(f"{fw} {model} {strategy} N={n}: {outcome.status} (profile {profile.cost_s:.0f} s "
+                          f"when measured); {load()}", flush=True)
+    loaded = load_runs(root)
+    table = step_time_validation(loaded, lambda s: profile_model(RunSpec(**s), root), links)
+    peaks = {}
+    for _, run in loaded.runs[loaded.runs.status == "done"].iterrows():
+        spec = spec_from_row(run)
+        measured = max((r.get("measured_memory") or {}).get("peak") or 0 for r in run["summary.ranks"])
+        predicted = estimate_with_profile(spec, profile_model(RunSpec(**spec), root), run.get("model_shapes"))
+        peaks[run.run_id] = (predicted.total_bytes / 2**20, measured / 2**20 if measured else float("nan"))
+    table["model"] = [("attention" if isinstance(r.get("spec.model_factory"), str) else "lm")
+                      for _, r in loaded.runs.set_index("run_id").loc[table.run_id].iterrows()]
+    table["peak_predicted_mib"] = [peaks[r][0] for r in table.run_id]
+    table["peak_measured_mib"] = [peaks[r][1] for r in table.run_id]
+    pd.set_option("display.width", 250)
+    cols = ["framework", "model", "strategy", "num_ranks", "compute_ms", "update_ms", "comm_ms", "per_bucket_ms",
+            "predicted_ms", "measured_ms", "measured_sync_ms", "ratio", "off_term", "peak_predicted_mib",
+            "peak_measured_mib"]
+    out = table.sort_values(["framework", "model", "num_ranks", "strategy"])[cols]
+    print(out.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    print(f"within 10%: {int(table.within.sum())} of {len(table)}; after: {load()}; {time.monotonic() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
