@@ -20,6 +20,7 @@ from workbench.strategies import get_strategy
 from workbench.studies.planner import advise_plan, base_spec, enumerate_candidates, validation_plans
 from workbench.studies.planner.candidates import model_of
 from workbench.studies.planner.cli import parse_memory, plan_json
+from workbench.studies.planner.tables import advice_table
 from workbench.studies.planner.validate import off_terms
 from workbench.views.plan_pareto import fig_plan_pareto, pareto_front
 
@@ -159,6 +160,11 @@ def test_the_json_carries_the_fields_other_tools_read():
             "predicted_peak_bytes", "predicted_step_s", "fits"}
     assert keys <= set(out["candidates"][0]) and keys <= set(out["recommended"])
     assert out["recommended"] == out["candidates"][0] and len(out["candidates"]) == len(advice.candidates)
+    table = advice_table(advice, top=3)  # the first three, then each other strategy's best
+    assert list(table.index[:3]) == [1, 2, 3] and set(table.plan.str.split(",").str[0]) == {
+        c.spec.strategy for c in advice.candidates}
+    assert len(table) == 3 + len({c.spec.strategy for c in advice.candidates} - {
+        c.spec.strategy for c in advice.candidates[:3]})
 
 
 def test_a_factory_model_is_planned_from_its_shapes():

@@ -113,17 +113,14 @@ def plan_json(advice, validation=None) -> dict:
 
 
 def format_advice(advice, *, top: int = 12) -> str:
-    """The ranked table as text: the first ``top`` plans and each strategy's best plan beyond them."""
-    shown = list(advice.candidates[:top])
-    for c in advice.candidates[top:]:
-        if all(c.spec.strategy != s.spec.strategy for s in shown):
-            shown.append(c)
-    lines = [f"{'#':>4}  {'plan':<40} {'peak/rank':>11} {'fits':>4} {'step ms':>9} {'tokens/s':>10}  why"]
-    for c in shown:
-        lines.append(f"{c.rank:>4}  {c.label:<40} {format_bytes(c.predicted_peak_bytes):>11} "
-                     f"{'yes' if c.fits else 'no':>4} {c.predicted_step_s * 1e3:>9.2f} {c.tokens_per_s:>10,.0f}  {c.reason}")
+    """The ranked table as text (:func:`~workbench.studies.planner.tables.advice_table`), then the pick."""
+    from workbench.studies.planner.tables import advice_table
+
+    table = advice_table(advice, top=top)
     pick = advice.recommended
-    lines.append(f"{len(advice.candidates)} plans priced ({len(advice.candidates) - len(shown)} not shown; --json "
+    left = {col: f"{{:<{max(len(col), table[col].str.len().max())}}}".format for col in ("plan", "why")}
+    lines = [table.to_string(formatters=left, justify="left")]
+    lines.append(f"{len(advice.candidates)} plans priced ({len(advice.candidates) - len(table)} not shown; --json "
                  f"lists all); budget {format_bytes(advice.memory_bytes)} per rank, {advice.safety_margin:.0%} kept free")
     lines.append(f"links: {advice.links_source}; profile {advice.profile.key}")
     lines += [f"note: {n}" for n in advice.notes]

@@ -51,8 +51,9 @@ def explain(c: Candidate, pick: Candidate | None, memory_bytes: int, safety_marg
         return f"the pick: fastest plan that fits with the {safety_margin:.0%} margin ({spare})" + extra
     slower = c.predicted_step_s - pick.predicted_step_s
     if slower <= 1e-12:
-        return f"as fast as the pick, {format_bytes(c.predicted_peak_bytes - pick.predicted_peak_bytes)} more memory" \
-            + extra
+        more = c.predicted_peak_bytes - pick.predicted_peak_bytes
+        return ("ties the pick: the same predicted time and peak" if more == 0 else
+                f"as fast as the pick, {format_bytes(more)} more memory") + extra
     deltas = {t: c.step.term_s(t) - pick.step.term_s(t) for t in TERMS}
     worst = max(deltas, key=deltas.get)
     why = f"{TERM_WORDS[worst]} +{_ms(deltas[worst])}"
