@@ -9,9 +9,9 @@ coordinator's interface. Every process builds the same weights
 jitted ``shard_map`` step per strategy does the rest:
 
 * ``ddp`` -- :func:`~workbench.adapters.jax.fsdp.make_ddp_step` (gradients ``pmean``-ed);
-* ``fsdp-row`` / ``fsdp-flat`` -- :func:`~workbench.adapters.jax.fsdp.make_fsdp_step`
-  with that layout and ``spec.communication_size`` (one ``psum_scatter`` and one
-  ``all_gather`` per bucket);
+* ``fsdp-row`` / ``fsdp-flat`` -- :func:`~workbench.adapters.jax.fsdp.make_fsdp_step` with that layout and
+  ``spec.communication_size`` (a reduce-scatter and an ``all_gather`` per bucket), run on its resident bucket
+  buffers (:class:`~workbench.adapters.jax.resident.ResidentStep`: no per-step packing, donated);
 * ``fsdp-full`` -- ZeRO-3, :func:`~workbench.adapters.jax.zero3.make_zero3_step` over the
   unit chain of :func:`lm_units` (embedding, each block, final norm + head).
 
@@ -176,7 +176,6 @@ def train_jax(spec, handle) -> dict:
     """
     from workbench.ranks.phases import PHASE_AGREE, PHASE_COMPILE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
     from workbench.ranks.user_model import agree_on_start, check_finite_loss, jax_params_and_loss, start_fingerprint
-
     report_phase(handle, PHASE_JOIN)
     rank, size = init_distributed()
 
@@ -185,6 +184,7 @@ def train_jax(spec, handle) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from workbench.adapters.jax.accum import compiled_program_counts
+    from workbench.adapters.jax.resident import ResidentStep
     from workbench.ranks.probes import package_versions, peak_rss_bytes
 
     # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
@@ -196,17 +196,19 @@ def train_jax(spec, handle) -> dict:
     report_phase(handle, PHASE_AGREE, rank)
     exchange_s = agree_on_start(lambda fp: _exchange(fp, rank, size), fingerprint, spec, rank)
     step, p, state = _build_step(spec, mesh, replicated, params, loss_fn)
+    run = ResidentStep(step)  # FSDP: the parameters live in the plan's bucket buffers, donated every step
+    p = run.enter(p)
     batch_for_step = _batch_loader(spec, rows)
     _check_batch_rows(batch_for_step(0), spec.global_batch, rank, size)
     report_phase(handle, PHASE_COMPILE, rank)
-    lowered = step.lower(p, state, batch_for_step(0))
+    lowered = run.lower(p, state, batch_for_step(0))
     compiled = lowered.compile()  # compiles before step 0; a compile error surfaces here
     compiled_memory = _memory_stats(compiled)
     report_phase(handle, PHASE_STEP, rank)
     for i in range(spec.steps):
         batch = batch_for_step(i)
         t0 = time.perf_counter()
-        p, state, metrics = step.step(p, state, batch)
+        p, state, metrics = run(p, state, batch)
         jax.block_until_ready((p, state, metrics["loss"], metrics["grad_norm"]))
         elapsed = time.perf_counter() - t0
         loss = float(np.asarray(metrics["loss"].addressable_data(0)))
