@@ -9,7 +9,9 @@ Every strategy keeps its own parameters and optimizer; each step runs every stra
 in turn (interleaved, so drift in machine load hits them alike). A step is timed from the
 gradient computation to the evaluated new parameters, behind a barrier so ranks start
 together. With several ``--communication-size`` values each (strategy, size) pair is one
-entry, named ``strategy@bytes``. ``--phases`` adds, per FSDP layout and for DDP, a step cut
+entry, named ``strategy@bytes``. FSDP keeps its state resident (:class:`ResidentFsdp`); ``fsdp-row-apply``
+and ``fsdp-flat-apply`` run the stateless ``fsdp_apply_gradients``. ``--phases`` adds, per FSDP layout
+(resident) and for DDP, a step cut
 into its parts with an evaluation between each (``phases_s``: gradient, bucket rows,
 reduce-scatter (DDP: the all-reduce), update, all-gather, rebuild): slower than the real step,
 but it says where the time goes.
@@ -36,6 +38,7 @@ from workbench.adapters.mlx.fsdp import (
     fsdp_apply_gradients,
     optimizer_state_bytes,
 )
+from workbench.adapters.mlx.resident import ResidentFsdp
 from workbench.adapters.mlx.rows import (
     bucket_matrix,
     bucket_row,
@@ -53,27 +56,33 @@ from workbench.ranks.collective_timing import bench_rank
 from workbench.strategies import LAYOUTS, get_strategy
 
 #: What each timed name runs: a registered strategy (:mod:`workbench.strategies`) and, for MLX's FSDP step,
-#: its reduce-scatter transport.
+#: its reduce-scatter transport and whether its state stays resident (:class:`ResidentFsdp`, issue 30) or
+#: the stateless ``fsdp_apply_gradients`` runs (``-apply``: the parameter rows cut again every step).
 STRATEGIES = {
-    "ddp": ("ddp", None),
-    "fsdp-row": ("fsdp-row", "auto"),
-    "fsdp-flat": ("fsdp-flat", "auto"),
-    "fsdp-row-sendrecv": ("fsdp-row", "send_recv"),
-    "fsdp-flat-sendrecv": ("fsdp-flat", "send_recv"),
-    "fsdp-row-allsum": ("fsdp-row", "all_sum"),
-    "fsdp-flat-allsum": ("fsdp-flat", "all_sum"),
+    "ddp": ("ddp", None, False),
+    "fsdp-row": ("fsdp-row", "auto", True),
+    "fsdp-flat": ("fsdp-flat", "auto", True),
+    "fsdp-row-apply": ("fsdp-row", "auto", False),
+    "fsdp-flat-apply": ("fsdp-flat", "auto", False),
+    "fsdp-row-sendrecv": ("fsdp-row", "send_recv", False),
+    "fsdp-flat-sendrecv": ("fsdp-flat", "send_recv", False),
+    "fsdp-row-allsum": ("fsdp-row", "all_sum", False),
+    "fsdp-flat-allsum": ("fsdp-flat", "all_sum", False),
 }
 DEFAULT_STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat")
 PHASES = ("grad", "rows", "reduce_scatter", "update", "all_gather", "rebuild")
 
 
-def phased_step(params, opt, grad_fn, x, y, layout: str, communication_size: int, group, barrier) -> tuple[dict, dict]:
+def phased_step(params, opt, grad_fn, x, y, layout: str, communication_size: int, group, barrier,
+                resident: ResidentFsdp | None = None) -> tuple[dict, dict]:
     """One FSDP step (no clipping) cut into :data:`PHASES`, each evaluated and timed on its own.
 
     Returns ``(new params, {phase: seconds})``. The parts are the real step's functions
     (:func:`~workbench.adapters.mlx.rows.bucket_matrix`, the reduce-scatter transport ``"auto"``
     resolves to, the optimizer, :func:`~workbench.adapters.mlx.transport.all_gather`,
-    :func:`~workbench.adapters.mlx.rows.rebuild_arrays`).
+    :func:`~workbench.adapters.mlx.rows.rebuild_arrays`). With ``resident`` the optimizer updates its
+    master shards (as :meth:`ResidentFsdp.step`), else the rows it cuts from ``params`` (as
+    ``fsdp_apply_gradients``).
     """
     n, rank = group.size(), group.rank()
     times = {}
@@ -95,8 +104,10 @@ def phased_step(params, opt, grad_fn, x, y, layout: str, communication_size: int
     mats = timed("rows", lambda: [bucket_matrix(gl, plan, b) for b in range(num_b)])
     shards = timed("reduce_scatter", lambda: {str(b): reduce_scatter(mats[b], group, transport, None) / n
                                               for b in range(num_b)})
-    new = timed("update", lambda: opt.apply_gradients(shards, {str(b): bucket_row(arrays, plan, rank, b)
-                                                              for b in range(num_b)}))
+    new = timed("update", lambda: opt.apply_gradients(shards, resident.shards if resident is not None else
+                                                      {str(b): bucket_row(arrays, plan, rank, b) for b in range(num_b)}))
+    if resident is not None:
+        resident.shards.update(new)
     gathered = timed("all_gather", lambda: [all_gather(new[str(b)], group, None) for b in range(num_b)])
     rebuilt = timed("rebuild", lambda: [rebuild_arrays(gathered[b], arrays, plan, b) for b in range(num_b)])
     updated = list(flat)
@@ -176,6 +187,12 @@ def main() -> None:
     rank_checks = {}  # the ranks' plan check of fsdp_apply_gradients: seconds, first step of each plan only
     phases = {lay: {p: [] for p in PHASES} for lay in layouts}
     barrier = mx.zeros((1,))
+    residents = {name: ResidentFsdp(params[name], opts[name], group, comm_size, records[strategy].layout,
+                                    reduce_scatter=STRATEGIES[strategy][1])
+                 for name, (strategy, comm_size) in entries.items() if STRATEGIES[strategy][2]}
+    rank_checks.update({name: r.rank_check_s for name, r in residents.items() if r.rank_check_s is not None})
+    residents.update({f"phases-{lay}": ResidentFsdp(params[f"phases-{lay}"], opts[f"phases-{lay}"], group, sizes[0], lay)
+                      for lay in layouts if lay in LAYOUTS})
     for _ in range(args.steps):
         for name, (strategy, comm_size) in entries.items():
             record, transport = records[strategy], STRATEGIES[strategy][1]
@@ -184,6 +201,8 @@ def main() -> None:
             _, g = grad_fn(params[name], x, y)
             if record.family == "data_parallel":
                 params[name] = ddp_apply_gradients(g, params[name], opts[name], communication_size=comm_size)
+            elif name in residents:  # the state in the buckets' layout for the run
+                params[name] = residents[name].step(g)
             else:
                 report: dict = {}
                 params[name] = fsdp_apply_gradients(g, params[name], opts[name], communication_size=comm_size,
@@ -197,7 +216,8 @@ def main() -> None:
             if lay not in LAYOUTS:  # DDP's
                 params[key], parts = ddp_phased_step(params[key], opts[key], grad_fn, x, y, sizes[0], group, barrier)
             else:
-                params[key], parts = phased_step(params[key], opts[key], grad_fn, x, y, lay, sizes[0], group, barrier)
+                params[key], parts = phased_step(params[key], opts[key], grad_fn, x, y, lay, sizes[0], group, barrier,
+                                                 residents[key])
             for p, t in parts.items():
                 phases[lay][p].append(t)
     num_params = sum(v.size for _, v in tree_flatten(params[next(iter(entries))]))
