@@ -41,7 +41,7 @@ def default_micro_batch_sizes(micro_batch_size: int) -> tuple[int, ...]:
 
 
 def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequence[int] | None = None,
-                  repeats: int = 2, ranks_per_host: int | None = None, refresh: bool = False,
+                  repeats: int = 3, ranks_per_host: int | None = None, refresh: bool = False,
                   timeout_s: float = 600.0) -> ModelProfile:
     """The profile of ``spec``'s model (a :class:`~workbench.runs.spec.RunSpec`), from the cache or measured now.
 
@@ -50,7 +50,8 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
         runs_root: The run store's folder; the profile is ``<runs_root>/.profiles/<framework>-<key>.json``.
         micro_batch_sizes: Sizes to measure (default :func:`default_micro_batch_sizes` of the run's). Ignored
             when a cached profile is used: its line serves every size.
-        repeats: Measurements per size (activations: their largest; seconds: their median).
+        repeats: Measurements per size (activations: their largest; seconds: their median, so three by default:
+            of two, the median would be the slower).
         ranks_per_host: Ranks sharing this machine (default ``spec.num_ranks``): the profile runs with one
             rank's share of the cores, and the threads are part of the cache key.
         refresh: Measure even if a profile is cached (and replace it).
