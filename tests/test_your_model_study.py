@@ -5,6 +5,7 @@ peak against the prediction made from a profile (issue 26)."""
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,9 @@ from workbench.studies.checks import user_model_checks
 from workbench.studies.design_review import reference_runs_dir
 from workbench.studies.memory import memory_validation
 from workbench.studies.runs import summarize_runs
-from workbench.studies.your_model import (
-    JAX_PEAK_CAUSE,
-    default_communication_size,
-    format_count,
-    load_model_runs,
-    memory_estimates,
-    peak_table,
-    your_model,
-)
+from workbench.core.units import format_count
+from workbench.studies.your_model import default_communication_size, load_model_runs, memory_estimates, your_model
+from workbench.studies.your_model_memory import JAX_PEAK_CAUSE, peak_table
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "07_your_model.ipynb"
@@ -39,6 +34,12 @@ LLAMA_44M = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 512, "nu
              "tie_word_embeddings": False, "torch_dtype": "bfloat16", "max_position_embeddings": 2048}
 
 
+#: A small Llama config.json (the published fields mlx-lm's ModelArgs needs), in float32.
+LLAMA_SMALL = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "rms_norm_eps": 1e-5,
+               "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A run store holding other models' runs: the reference runs of the built-in LM (the stand-in for "the
@@ -48,18 +49,36 @@ def store(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    """Where config_factory writes its modules, importable as engines import them (its parent on sys.path)."""
+    folder = tmp_path_factory.mktemp("cfg") / "wbtest_your_configs"
+    sys.path.insert(0, str(folder.parent))
+    yield folder
+    sys.path.remove(str(folder.parent))
+
+
 def stored_specs(root):
     """The specs of the runs stored under ``root``, from their records (as the driver wrote them)."""
     return [RunSpec(**json.loads(p.read_text())["spec"]) for p in sorted(root.glob("*/record.json"))]
 
 
-def test_a_config_shows_none_of_the_stored_runs_of_another_model_and_says_why_in_one_line(store):
-    model = your_model(model=EXAMPLE["model"], config=LLAMA_44M, vocab_size=256, seq_len=32)
+def test_a_config_shows_none_of_the_stored_runs_of_another_model_only_its_own(store, configs):
     everything = load_runs(store)
     assert len(everything.runs) == 7  # the store does hold runs: of another model
+    model = your_model(model=EXAMPLE["model"], config=LLAMA_SMALL, data=EXAMPLE["data"], vocab_size=256, seq_len=32,
+                       strategies=("ddp", "fsdp-row"), steps=3, global_batch=8, config_folder=configs)
+    factories = {s.model_factory for s in model.run_specs}
+    assert [s.framework for s in model.run_specs] == ["mlx", "mlx"] and len(factories) == 1
+    assert factories.pop().startswith("wbtest_your_configs.your_configs.config_")  # the config's, not MODEL's
+    assert model.spec.num_params == 106_816 and model.precision == "float32"
+    assert len(model.notes) == 1 and "JAX" in model.notes[0] and "\n" not in model.notes[0]
     shown = load_model_runs(everything, model.run_specs)
-    assert model.run_specs == () and shown.runs.empty and shown.steps.empty
-    assert len(model.notes) == 1 and "planned, not trained" in model.notes[0] and "\n" not in model.notes[0]
+    assert shown.runs.empty and shown.steps.empty
+    # another config is another model: another factory module, so other run ids
+    wider = your_model(model=None, config={**LLAMA_SMALL, "intermediate_size": 192}, data=EXAMPLE["data"],
+                       vocab_size=256, seq_len=32, strategies=("ddp",), steps=3, global_batch=8, config_folder=configs)
+    assert wider.run_specs[0].model_factory != model.run_specs[0].model_factory
     # a factory's runs are its own: none of the built-in LM's, though the store holds them
     factory = your_model(**EXAMPLE, strategies=("ddp", "fsdp-row"), steps=3, global_batch=8)
     assert [s.framework for s in factory.run_specs] == ["mlx", "mlx", "jax", "jax"]
@@ -78,8 +97,9 @@ def test_notebook_07_reads_runs_only_through_its_models_filter():
     assert "plan_shards(buckets, model.num_ranks" in code and "build_explorer(model, CONFIG" in code
 
 
-def test_a_config_keeps_its_precision_its_architecture_and_its_size_in_words():
-    model = your_model(model=None, config=LLAMA_44M, vocab_size=32000, seq_len=128, num_ranks=4)
+def test_a_config_keeps_its_precision_its_architecture_and_its_size_in_words(configs):
+    model = your_model(model=None, config=LLAMA_44M, vocab_size=32000, seq_len=128, num_ranks=4, memory_bytes=10**6,
+                       config_folder=configs)
     assert model.precision == "bfloat16" and {p.dtype for p in model.spec.params} == {"bfloat16"}
     assert format_count(model.spec.num_params) == "44.4M"
     assert "44.4M parameters" in model.memory_title() and "B parameters" not in model.memory_title()
@@ -88,12 +108,18 @@ def test_a_config_keeps_its_precision_its_architecture_and_its_size_in_words():
     estimates = memory_estimates(model, ["ddp", "zero3"], [8, 64], seq_len=128, micro_batch=2)
     assert sorted({e.num_shards for e in estimates}) == [4, 8, 64]  # the runs' N joins the bars
     assert all(e["activations"] > 0 for e in estimates)  # the config carries the architecture
-    fp32 = your_model(model=None, config=LLAMA_44M, vocab_size=32000, seq_len=128, precision="float32")
+    # too large for the memory given: said in one line, and still planned
+    assert model.run_specs == () and len(model.notes) == 1 and "not trained here" in model.notes[0]
+    fp32 = your_model(model=None, config=LLAMA_44M, vocab_size=32000, seq_len=128, precision="float32",
+                      config_folder=configs, memory_bytes=10**6)
     assert fp32.spec.nbytes == 2 * model.spec.nbytes
+    # a config's runs keep its precision and N
+    small = your_model(model=None, config={**LLAMA_SMALL, "torch_dtype": "bfloat16"}, data=EXAMPLE["data"],
+                       vocab_size=256, seq_len=32, num_ranks=4, steps=3, global_batch=8, config_folder=configs)
+    assert small.run_specs and {(s.num_ranks, s.precision) for s in small.run_specs} == {(4, "bfloat16")}
 
 
-def test_counts_and_bucket_sizes_read_as_people_write_them():
-    assert [format_count(n) for n in (512, 20_576, 44_400_000, 8_030_000_000)] == ["512", "20.6K", "44.4M", "8.03B"]
+def test_bucket_sizes_follow_the_models_size():
     assert default_communication_size(82_304) == 16 * 1024  # the example MLP: several buckets
     assert default_communication_size(4 * 44_400_000) == 32 * 2**20  # MLX's default
     assert default_communication_size(100) == 4 * 1024
@@ -148,3 +174,15 @@ def test_a_profile_of_another_model_is_refused(store):
     other = closed_formula_profile({**spec, "model": {**spec["model"], "dim": 128}})
     with pytest.raises(ValueError, match="another model"):
         peak_table(loaded, {"mlx": other})
+
+
+def test_the_explorer_is_offered_on_the_users_model(configs):
+    from workbench.studies.your_model import build_explorer
+
+    config = your_model(model=None, config=LLAMA_SMALL, vocab_size=256, seq_len=32, memory_bytes=1, config_folder=configs)
+    explorer = build_explorer(config, LLAMA_SMALL, seq_len=32, micro_batch=4)
+    assert explorer.controls["model"].value == LLAMA_SMALL and explorer.controls["param_dtype"].value == "float32"
+    assert explorer.estimates and all(e["activations"] > 0 for e in explorer.estimates)
+    factory = your_model(**EXAMPLE, steps=3, global_batch=8)
+    explorer = build_explorer(factory, None, seq_len=32, micro_batch=4)
+    assert explorer.controls["model"].value is factory.spec and explorer.estimates[0].num_params == 20_576

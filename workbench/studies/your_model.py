@@ -8,28 +8,28 @@ code; a model too large for this machine) is one line in :attr:`YourModel.notes`
 prediction are still made. :func:`load_model_runs` reads from a store only those runs, so a store that
 also holds another model's runs (the example's, from before ``MODEL`` changed) never shows them.
 
-:func:`profile_table` shows each framework's measured profile (:func:`workbench.launch.profile.profile_model`)
-and what it cost; :func:`peak_table` holds each run's measured peak against the prediction made from that
-profile (:func:`workbench.runs.profile.estimate_with_profile`).
+Its measured profile and each run's peak against the prediction from it: :mod:`workbench.studies.your_model_memory`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
+from workbench.core.paths import RUNS_DIR
 from workbench.core.resolve import resolve_architecture, resolve_spec
 from workbench.core.specs import DTYPE_BYTES
-from workbench.core.units import KiB, MiB, format_bytes
+from workbench.core.units import KiB, MiB, format_bytes, format_params
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.memory import estimate_memory
-from workbench.runs.estimate import spec_from_row
-from workbench.runs.profile import estimate_with_profile
+from workbench.runs.atomic import write_atomic
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import run_id_for
 from workbench.runs.tables import LoadResult
-from workbench.studies.memory import PEAK_TOLERANCE, predicted_components
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,18 +44,6 @@ MLX_COMMUNICATION_SIZE = 32 * MiB
 MIN_BUCKETS = 4
 #: Share of this machine's memory the notebook's runs may be predicted to take, all ranks together.
 MEMORY_SHARE = 0.5
-#: Why a JAX run's peak is shown, not held: what the rank stores as its peak on CPU.
-JAX_PEAK_CAUSE = "stored peak is XLA's buffer plan, not a measurement"
-
-
-def format_count(n: int) -> str:
-    """A parameter count for people: ``format_count(44_400_000) == '44.4M'``, ``'20.6K'``, ``'8.03B'``, ``'512'``."""
-    for scale, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{suffix}"
-    return f"{n:,}"
-
-
 def default_communication_size(nbytes: int) -> int:
     """MLX's 32 MiB, or for a model under :data:`MIN_BUCKETS` of them the largest power of two (>= 4 KiB) at
     most ``nbytes / MIN_BUCKETS``, so a small model still shows several buckets and a large one is not cut into
@@ -97,14 +85,19 @@ class YourModel:
     @property
     def title(self) -> str:
         """``"tiny_mlp_lm: 20.6K parameters, 80.38 KiB in float32"``."""
-        return (f"{self.name}: {format_count(self.spec.num_params)} parameters, {format_bytes(self.spec.nbytes)} "
-                f"in {self.precision}")
+        return f"{self.name}: {format_params(self.spec.num_params)}, {format_bytes(self.spec.nbytes)} in {self.precision}"
 
-    def memory_title(self) -> str:
-        """The memory figure's title: the model's name and size, as people write it."""
-        activations = "activations from the config's architecture" if self.architecture is not None else (
-            "activations from its measured profile" if self.kind == "factory" else "no activations")
-        return (f"{self.name}, {format_count(self.spec.num_params)} parameters, {self.precision}: memory per rank"
+    @property
+    def memory_unit(self) -> str:
+        """The memory figure's unit: ``"GiB"`` from 1 GiB of parameters, else ``"MiB"`` (binary, as the tables)."""
+        return "GiB" if self.spec.nbytes >= 2**30 else "MiB"
+
+    def memory_title(self, profiled: bool = False) -> str:
+        """The memory figure's title: the model's name and size, as people write it, and where its activations
+        come from (``profiled``: its measured profile, as :func:`memory_estimates` takes them first)."""
+        activations = "activations from its measured profile" if profiled else (
+            "activations from the config's architecture" if self.architecture is not None else "no activations")
+        return (f"{self.name}, {format_params(self.spec.num_params)}, {self.precision}: memory per rank"
                 f"<br><sup>solid: model states; hatched: the transient phase that sets the peak; {activations}</sup>")
 
 
@@ -116,17 +109,54 @@ def machine_memory_bytes() -> int:
         return 0
 
 
+def config_factory(config: Any, folder: Path = RUNS_DIR) -> str:
+    """A RunSpec ``model_factory`` that builds ``config`` with mlx-lm's own class (no weights), so a config trains.
+
+    The config (a preset's, or a ``config.json``'s with the fields it leaves out at transformers' defaults for
+    its ``model_type``) is written as JSON data into a module ``<folder>/your_configs/config_<sha12>.py`` whose
+    ``factory`` calls :func:`~workbench.models.mlx_lm_config.mlx_lm_factory`; its source, and so the run ids,
+    change with the config. ``folder``'s parent must be where engines import from (the repository root).
+
+    Raises:
+        ImportError: mlx-lm is not installed. ValueError: mlx-lm cannot build the config (named).
+    """
+    from workbench.core.hf_config import load_hf_config
+    from workbench.core.presets import PRESETS
+    from workbench.models.mlx_lm_config import build_mlx_lm
+
+    raw = PRESETS[config].to_hf_config() if isinstance(config, str) and config in PRESETS \
+        else load_hf_config(config)[0]
+    try:
+        from transformers import AutoConfig
+
+        raw = {**AutoConfig.for_model(raw["model_type"]).to_dict(), **raw}
+    except Exception:  # an unknown model_type or no transformers: the config as given (mlx-lm names what lacks)
+        pass
+    build_mlx_lm(raw)  # refuses here, naming the field, rather than on every engine
+    text = json.dumps(raw, sort_keys=True, default=str)
+    module = f"config_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    (folder / "your_configs").mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / "your_configs" / f"{module}.py", CONFIG_MODULE + f"CONFIG = json.loads({text!r})\n")
+    return f"{folder.name}.your_configs.{module}:factory"
+
+
+CONFIG_MODULE = ('"""Written by workbench.studies.your_model.config_factory: notebook 07\'s CONFIG, built by mlx-lm."""\n'
+                 "import json\n\nfrom workbench.models.mlx_lm_config import mlx_lm_factory\n\n\n"
+                 "def factory(seed: int = 0):\n    return mlx_lm_factory(CONFIG, seed=seed)\n\n\n")
+
+
 def your_model(*, model: str | None, jax_model: str | None = None, config: Any = None, data: str | None = None,
                vocab_size: int, seq_len: int, num_ranks: int = 2, precision: str | None = None,
                strategies: Sequence[str] = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full"),
                communication_size: int | None = None, memory_bytes: int | None = None,
-               **run_fields: Any) -> YourModel:
+               config_folder: Path = RUNS_DIR, **run_fields: Any) -> YourModel:
     """The model of the parameter cell, its plans' inputs, and the runs of exactly this model.
 
     Args:
         model, jax_model: The MLX factory and its JAX twin (``"package.module:function"``; ``jax_model`` may be None).
         config: A ``config.json`` path or dict, or a preset name: then the model is this config (``model`` is
-            not used), planned from its shapes, not trained.
+            not used), planned from its shapes and trained in MLX through :func:`config_factory` (written under
+            ``config_folder``) where mlx-lm builds it.
         data, vocab_size, seq_len: The token file and what the model takes (RunSpec's ``data`` and ``model``).
         num_ranks: N of the shard plans and of the runs.
         precision: ``"float32"`` or ``"bfloat16"``; None: the config's ``torch_dtype`` (float32 for a factory).
@@ -138,45 +168,58 @@ def your_model(*, model: str | None, jax_model: str | None = None, config: Any =
     Raises:
         ValueError: a bad factory, data file, config or knob, naming it (RunSpec's and resolve_spec's errors).
     """
+    notes, spec, architecture = [], None, None
     if config is not None:
         spec = resolve_spec(config, dtype=precision, argument="CONFIG")
         precision = precision or spec.params[0].dtype
         try:
             architecture = resolve_architecture(config, argument="CONFIG")
         except ValueError:
-            architecture = None
+            pass
         name = getattr(architecture, "name", None) or spec.name
-        size = communication_size or default_communication_size(spec.nbytes)
-        note = (f"{name} is planned, not trained: a config brings shapes, not code (set MODEL to a factory that "
-                "builds it, and CONFIG = None, to train it)")
-        return YourModel(name, "config", spec, precision, architecture, size, num_ranks, (), (note,))
-    if model is None:
+        too_large = _too_large(name, spec, num_ranks, precision, memory_bytes)
+        try:
+            factories = {} if too_large else {"mlx": config_factory(config, config_folder)}
+            notes.append(too_large or f"{name} trains in MLX as mlx-lm builds it; JAX has no twin of that model here")
+        except (ImportError, ValueError) as err:
+            factories = {}
+            notes.append(f"{name} is planned, not trained: {err}".replace("\n", " "))
+    elif model is None:
         raise ValueError("MODEL: give a factory 'package.module:function', or set CONFIG to a config.json")
-    from workbench.ranks.user_model import user_model_spec
-
+    else:
+        name, factories = model, {"mlx": model, "jax": jax_model}
     precision = precision or "float32"
     common = dict(num_ranks=num_ranks, model=dict(vocab_size=vocab_size, seq_len=seq_len), data=data,
                   precision=precision, **run_fields)
-    first = RunSpec(framework="mlx", model_factory=model, **common)  # a bad factory or data file fails here, named
-    spec = user_model_spec(first)
+    runs = []
+    if factories:
+        from workbench.ranks.user_model import user_model_spec
+
+        first = RunSpec(framework="mlx", model_factory=factories["mlx"], **common)  # a bad factory or data: named
+        spec = spec or user_model_spec(first)
     size = communication_size or default_communication_size(spec.nbytes)
-    common["communication_size"] = size
-    notes, runs = [], []
-    for framework, factory in (("mlx", model), ("jax", jax_model)):
-        if factory is None:
-            continue
-        for strategy in strategies:
+    for framework, factory in factories.items():
+        for strategy in strategies if factory is not None else ():
             try:
-                runs.append(RunSpec(framework=framework, strategy=strategy, model_factory=factory, **common))
+                runs.append(RunSpec(framework=framework, strategy=strategy, model_factory=factory,
+                                    communication_size=size, **common))
             except ValueError as err:  # a strategy or precision this framework cannot run: said, not hidden
                 notes.append(f"{framework} {strategy} is not run: {err}")
+    too_large = _too_large(name, spec, num_ranks, precision, memory_bytes) if runs else None
+    if too_large:
+        notes, runs = [too_large], []
+    return YourModel(name, "config" if config is not None else "factory", spec, precision, architecture, size,
+                     num_ranks, tuple(runs), tuple(notes))
+
+
+def _too_large(name: str, spec: "ModelSpec", num_ranks: int, precision: str, memory_bytes: int | None) -> str | None:
+    """The line saying ``num_ranks`` DDP ranks of ``spec`` would hold more than the runs may take, or None."""
     limit = memory_bytes if memory_bytes is not None else int(machine_memory_bytes() * MEMORY_SHARE)
     need = num_ranks * estimate_memory(spec, "ddp", num_ranks, param_dtype=precision, master_dtype=None).total_bytes
     if limit and need > limit:
-        notes.append(f"{model} is not trained here: {num_ranks} ranks would hold {format_bytes(need)} before "
-                     f"activations, over the {format_bytes(limit)} this machine lends them; plans and memory only")
-        runs = []
-    return YourModel(model, "factory", spec, precision, None, size, num_ranks, tuple(runs), tuple(notes))
+        return (f"{name} is not trained here: {num_ranks} ranks would hold {format_bytes(need)} before activations, "
+                f"over the {format_bytes(limit)} this machine lends them; plans and memory only")
+    return None
 
 
 def load_model_runs(loaded: LoadResult, run_specs: Sequence[RunSpec]) -> LoadResult:
@@ -195,70 +238,20 @@ def micro_batch_size(model: YourModel, global_batch: int) -> int:
 
 def memory_estimates(model: YourModel, strategies: Sequence[str], num_shards: Sequence[int], *, seq_len: int,
                      micro_batch: int, profile: "ModelProfile | None" = None) -> list:
-    """Per-rank memory of ``model`` for each strategy and N (``num_shards`` and the runs' N; strategy-major), in its precision (optimizer state
-    too, no master copy, as its runs hold it), with activations: from the config's architecture (Korthikanti et
-    al., 16-bit activations scaled to the precision, no recomputation), else from ``profile`` at ``micro_batch`` sequences, else none (said in the title)."""
-    if model.architecture is not None:
+    """Per-rank memory of ``model`` for each strategy and N (``num_shards`` and the runs' N; strategy-major), in
+    its precision (optimizer state too, no master copy, as its runs hold them), with activations: ``profile``'s at
+    ``micro_batch`` sequences (measured), else the config's architecture's (Korthikanti et al., 16-bit activations
+    scaled to the precision, no recomputation), else none (:meth:`YourModel.memory_title` says which)."""
+    if profile is not None:
+        activations = profile.activation_bytes_at(micro_batch)
+    elif model.architecture is not None:
         activations = estimate_activation_bytes(seq_len=seq_len, micro_batch_size=micro_batch,
                                                 config=model.architecture) * DTYPE_BYTES[model.precision] // 2
     else:
-        activations = profile.activation_bytes_at(micro_batch) if profile is not None else 0
+        activations = 0
     shards = sorted({model.num_ranks, *num_shards})  # the runs' N is always among them
     return [estimate_memory(model.spec, s, n, param_dtype=model.precision, master_dtype=None,
                             activation_bytes=activations) for s in strategies for n in shards]
-
-
-def profile_table(profiles: Mapping[str, "ModelProfile"], micro_batch: int) -> "pd.DataFrame":
-    """Each framework's profile, one column per framework: the sizes measured, activations per sequence and at
-    the runs' ``micro_batch``, forward and backward at it, the optimizer update, how the peak was read, and what
-    profiling cost (wall seconds; the profiling process's peak resident memory)."""
-    import pandas as pd
-
-    rows = {fw: {"sequences measured": ", ".join(map(str, p.micro_batch_sizes)),
-                 "activations per sequence": format_bytes(p.activation_fit.slope),
-                 f"activations at {micro_batch} sequences": format_bytes(p.activation_bytes_at(micro_batch)),
-                 f"forward and backward at {micro_batch} sequences": f"{p.compute_s_at(micro_batch) * 1e3:.1f} ms",
-                 "optimizer update": f"{p.update_s * 1e3:.2f} ms", "peak read as": p.truth_source.split(",")[0],
-                 "profile cost": f"{p.cost_s:.1f} s", "profile memory": format_bytes(p.cost_peak_rss_bytes)}
-            for fw, p in profiles.items()}
-    return pd.DataFrame(rows)
-
-
-def peak_table(loaded: LoadResult, profiles: Mapping[str, "ModelProfile"]) -> "pd.DataFrame":
-    """Each done run's largest measured peak over its ranks against the peak predicted from its framework's
-    profile: ``run``, ``framework``, ``predicted_bytes``, ``measured_bytes``, ``ratio``, ``within``
-    (:data:`~workbench.studies.memory.PEAK_TOLERANCE`; None where the stored peak is not a measurement) and
-    ``cause`` (why a run is not held)."""
-    import pandas as pd
-
-    rows = []
-    runs = loaded.runs
-    for _, run in runs[runs.status == "done"].iterrows() if "status" in runs else ():
-        spec = spec_from_row(run)
-        measured = [r.get("measured_memory") or {} for r in run.get("summary.ranks") or []]
-        peaks = [(m["peak"], m.get("peak_source", "")) for m in measured if m.get("peak") is not None]
-        profile = profiles.get(spec["framework"])
-        if not peaks or profile is None:
-            continue
-        predicted = predicted_components(estimate_with_profile(spec, profile, run.get("model_shapes")))["peak"]
-        peak, source = max(peaks)
-        ratio = peak / predicted
-        plan = source.startswith("XLA")
-        rows.append({"run": f"{spec['framework']} {spec['strategy']}", "framework": spec["framework"],
-                     "predicted_bytes": int(predicted), "measured_bytes": int(peak), "ratio": ratio,
-                     "within": None if plan else bool(abs(ratio - 1) <= PEAK_TOLERANCE),
-                     "cause": JAX_PEAK_CAUSE if plan else ""})
-    return pd.DataFrame(rows, columns=["run", "framework", "predicted_bytes", "measured_bytes", "ratio", "within",
-                                       "cause"])
-
-
-def peak_display(table: "pd.DataFrame") -> "pd.DataFrame":
-    """:func:`peak_table` as a reader reads it: bytes with units, the ratio to 2 decimals, the verdict in words."""
-    verdict = {True: "within 10%", False: "outside 10%"}
-    return table.assign(predicted=table.predicted_bytes.map(format_bytes),
-                        measured=table.measured_bytes.map(format_bytes), ratio=table.ratio.map("{:.2f}".format),
-                        held=[verdict.get(w, "shown, not held") for w in table.within]
-                        )[["run", "predicted", "measured", "ratio", "held", "cause"]].set_index("run")
 
 
 def parameters_table(model: YourModel) -> "pd.DataFrame":
@@ -267,17 +260,6 @@ def parameters_table(model: YourModel) -> "pd.DataFrame":
 
     return pd.DataFrame([{"array": p.path, "shape": " x ".join(map(str, p.shape)), "bytes": format_bytes(p.nbytes)}
                          for p in model.spec.params]).set_index("array")
-
-
-def profile_your_model(model: YourModel, runs_root: Any, **kwargs: Any) -> dict[str, "ModelProfile"]:
-    """Each framework's profile of ``model`` (:func:`~workbench.launch.profile.profile_model` of its first run:
-    measured once on one process, then read from ``<runs_root>/.profiles``); ``{}`` for a model without runs."""
-    from workbench.launch.profile import profile_model
-
-    firsts = {}
-    for spec in model.run_specs:
-        firsts.setdefault(spec.framework, spec)
-    return {fw: profile_model(spec, runs_root, **kwargs) for fw, spec in firsts.items()}
 
 
 def build_explorer(model: YourModel, config: Any, *, seq_len: int, micro_batch: int):
@@ -298,13 +280,3 @@ def runs_or_note(model: YourModel, make: Any) -> Any:
     from IPython.display import Markdown
 
     return Markdown("\n".join(f"> {note}" for note in model.notes) or "> no runs")
-
-
-def states_display(validation: "pd.DataFrame") -> "pd.DataFrame":
-    """Per run, measured / predicted of parameters and optimizer state (the worst rank), to 3 decimals, from
-    :func:`~workbench.studies.memory.memory_validation`."""
-    states = validation[validation.component != "peak"]
-    worst = states.assign(error=(states.ratio - 1).abs()).sort_values("error").groupby(["run", "component"]).last()
-    table = worst.ratio.unstack("component").map("{:.3f}".format)
-    return table.rename(columns={"parameters": "parameters, measured / predicted",
-                                 "optimizer_state": "optimizer state, measured / predicted"})
