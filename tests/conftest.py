@@ -99,6 +99,8 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_progress_view": (),
     "test_rank_fingerprint": ENGINES,
     "test_rank_programs_are_product": (),
+    "test_readme": (),
+    "test_readme_commands": (PROCESS,),
     "test_readme_mlx_api": (),
     "test_resolve": (),
     "test_runs_view": (),
