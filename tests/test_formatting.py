@@ -141,3 +141,25 @@ def test_a_table_a_person_reads_has_units_thousands_no_nan_and_fits():
         readable_table(pd.DataFrame({f"c{i}": [i] for i in range(MAX_COLUMNS + 1)}))
     with pytest.raises(ValueError, match=r"columns: \['nope'\] not in the table"):
         readable_table(raw, columns=["nope"])
+
+
+def test_the_run_tables_of_notebooks_04_and_05_read_as_people_read_them_through_readable_table():
+    """Notebook 04's run summary (NaN where JAX has no array peak), 05's sweep (14 columns, raw byte
+    counts) and its PR #3130-shaped table (NaN where a run is missing), from the committed reference runs."""
+    from workbench.core.paths import REPO_ROOT
+    from workbench.runs.tables import load_runs
+    from workbench.studies.runs import summarize_runs
+    from workbench.studies.step_time import comm_size_table, pr_step_table
+    from workbench.views.tables import readable_table
+
+    runs = REPO_ROOT / "notebooks" / "reference_runs"
+    summary = summarize_runs(load_runs(runs / "convergence"))
+    assert summary.isna().any().any()  # the raw table has NaN
+    shown = readable_table(summary.drop(columns=["run_id"]))
+    sweep = comm_size_table(load_runs(runs / "comm-size"))
+    for table in (shown, readable_table(sweep, columns=["strategy", "num_params", "communication_size", "num_buckets",
+                                                        "step_ms", "sync_ms", "peak_mib", "predicted_peak_mib"]),
+                  readable_table(pr_step_table(sweep))):
+        assert not RAW.search(table.to_string()), table.to_string()
+    assert {"median step (ms)", "peak rss (MiB)", "peak array (MiB)"} <= set(shown.columns)
+    assert (shown["peak array (MiB)"] == MISSING).any() and "3,418,368" in readable_table(sweep, columns=["num_params"]).to_string()

@@ -28,7 +28,8 @@ LAYOUT_COLUMNS = ("num_shards", "num_buckets", "max_rank_bytes", "imbalance", "p
 def readable_table(table: "pd.DataFrame", *, columns: Sequence[str] | None = None, unit: str | None = None,
                    max_columns: int = MAX_COLUMNS) -> "pd.DataFrame":
     """``table`` as a person reads it, every cell a string: ``*_bytes`` columns in one binary unit for the
-    whole table (``unit``, default the largest value's; the header says it: ``max rank (MiB)``), ``*_s``
+    whole table (``unit``, default MiB beside ``*_mib`` columns, else the largest value's; the header says it:
+    ``max rank (MiB)``), ``*_s``
     columns as times (``25.6 s``), other numbers with thousands separators or to 3 significant digits
     (:func:`~workbench.core.units.format_number`), None and NaN as ``–``; headers in words (``num_`` and
     underscores dropped).
@@ -52,7 +53,8 @@ def readable_table(table: "pd.DataFrame", *, columns: Sequence[str] | None = Non
         raise ValueError(f"columns: {len(columns)} do not fit a page (at most {max_columns}): choose among {columns}.")
     sizes = [c for c in columns if str(c).endswith("_bytes")]
     values = [abs(float(v)) for c in sizes for v in table[c] if _is_size(v) and v == v]
-    unit = unit or byte_unit(max(values, default=0))
+    mib = any(str(c).endswith("_mib") for c in columns)  # a table already in MiB keeps its sizes in MiB
+    unit = unit or ("MiB" if mib else byte_unit(max(values, default=0)))
     if unit not in BYTE_UNITS:
         raise ValueError(f"unit: unknown {unit!r}; choose one of {', '.join(BYTE_UNITS)}.")
 
