@@ -4,6 +4,7 @@
     python -m workbench slides [NOTEBOOK ...] [--out build/slides] [--static] [--no-execute] [--small]
     python -m workbench refresh [NOTEBOOK ...]   # re-execute in place for nbval
     python -m workbench plan MODEL --ranks N --memory 24GiB [--validate] [--json]   # the plan advisor
+    python -m workbench review MODEL --ranks N [--memory 24GiB] [--out build/review]  # its deck (notebook 08)
 
 ``build`` writes every notebook's HTML to ``<out>/html`` and the design-review deck to
 ``<out>/slides``, showing which notebook, cell and run it is on (a status line on a terminal, plain
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     refresh.add_argument("notebooks", nargs="*", type=Path)
     from workbench.studies.planner.cli import add_plan_parser
 
-    add_plan_parser(sub)  # plan: the plan advisor (workbench.studies.planner.cli)
+    add_plan_parser(sub)  # plan and review: the plan advisor (workbench.studies.planner.cli)
     for command in (slides, refresh):
         command.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     args = parser.parse_args(argv)
@@ -177,16 +178,35 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _review(args) -> int:
+    """Notebook 08 with the user's model, ranks and budget in its parameter cell, executed and exported as an
+    offline deck under ``--out`` (the workbench's own reference study is not in it)."""
+    import nbformat
+
+    from workbench.core.paths import NOTEBOOK_DIR
+    from workbench.publish.slides import export_slides
+    from workbench.studies.planner.cli import review_parameters
+
+    nb = nbformat.read(NOTEBOOK_DIR / "08_plan_your_run.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("MODEL = "))
+    cell.source = review_parameters(args)
+    nb.metadata.setdefault("workbench", {})["hide_code"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, args.out / "plan_review.ipynb")
+    print(_deck_line(export_slides(args.out / "plan_review.ipynb", args.out, static=args.static)))
+    return 0
+
+
 def _dispatch(args) -> int:
     from workbench.publish import nbtools
 
     if args.command == "build":
         return _build(args)
-    if args.command == "plan":
+    if args.command in ("plan", "review"):
         from workbench.studies.planner.cli import run_plan
 
         try:
-            return run_plan(args)
+            return run_plan(args) if args.command == "plan" else _review(args)
         except ValueError as err:  # a bad model, hosts file or knob, named
             raise UsageError(str(err)) from None
     if args.command == "slides":

@@ -43,12 +43,27 @@ def parse_memory(text: str) -> int:
 
 
 def add_plan_parser(sub) -> argparse.ArgumentParser:
-    """The ``plan`` subcommand's arguments on ``sub`` (the command line's subparsers)."""
+    """The ``plan`` and ``review`` subcommands' arguments on ``sub`` (the command line's subparsers)."""
     p = sub.add_parser("plan", help="the plan that fits a memory budget per rank and is fastest, from the models "
                                     "(and --validate: run it)")
+    add_plan_arguments(p, memory_required=True)
+    p.add_argument("--validate", action="store_true", help="run the pick, the runner-up and DDP for real")
+    p.add_argument("--top", type=int, default=12, help="rows of the table (default 12; --json has all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: candidates, recommended, validated")
+    r = sub.add_parser("review", help="the design review of your model and cluster as an offline deck: the plans, "
+                                      "the pick, the Pareto figure and the validation runs (notebook 08)")
+    add_plan_arguments(r, memory_required=False)
+    r.add_argument("--out", type=Path, default=Path("build") / "review", help="output folder (default build/review)")
+    r.add_argument("--static", action="store_true", help="also each figure as PNG/SVG and the deck as PDF")
+    return p
+
+
+def add_plan_arguments(p: argparse.ArgumentParser, *, memory_required: bool) -> None:
     p.add_argument("model", help="lm, a .json of the built-in LM's fields, or a factory package.module:function")
     p.add_argument("--ranks", type=int, default=None, help="N ranks (default: the hosts file's slots)")
-    p.add_argument("--memory", type=parse_memory, required=True, help="memory per rank: bytes, or with KiB/MiB/GiB")
+    p.add_argument("--memory", type=parse_memory, required=memory_required, default=None,
+                   help="memory per rank: bytes, or with KiB/MiB/GiB" + (
+                       "" if memory_required else " (default: this machine's memory over the ranks)"))
     p.add_argument("--hosts", type=Path, default=None, help="a hosts file: run and benchmark there")
     p.add_argument("--launcher", default="ssh", help="with --hosts: ssh, mpi or slurm (default ssh)")
     p.add_argument("--global-batch", type=int, default=None, help="sequences per step over all ranks (default 8 per rank)")
@@ -57,13 +72,34 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--framework", choices=("mlx", "jax"), default="mlx")
     p.add_argument("--margin", type=float, default=None, help="share of the budget a plan keeps free (default 0.1)")
     p.add_argument("--runs", type=Path, default=Path("runs") / "plan", help="run store (default runs/plan)")
-    p.add_argument("--validate", action="store_true", help="run the pick, the runner-up and DDP for real")
     p.add_argument("--steps", type=int, default=8, help="steps of each validation run (default 8)")
-    p.add_argument("--top", type=int, default=12, help="rows of the table (default 12; --json has all)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: candidates, recommended, validated")
     p.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     p.set_defaults(notebooks=[])
-    return p
+
+
+def review_parameters(args) -> str:
+    """Notebook 08's parameter cell for ``review``'s arguments: each value checked, then written as a Python
+    literal (a user's text never reaches the notebook as code)."""
+    import ast
+    import os
+
+    if args.ranks is None and args.hosts is None:
+        raise ValueError("--ranks: give the number of ranks (or --hosts)")
+    memory = args.memory
+    if memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (args.ranks or 1)
+    values = {"MODEL": model_argument(args.model), "SEQ_LEN": args.seq_len, "VOCAB_SIZE": args.vocab_size,
+              "NUM_RANKS": args.ranks, "HOSTS": None if args.hosts is None else str(args.hosts.resolve()),
+              "MEMORY": int(memory), "GLOBAL_BATCH": args.global_batch or 8 * (args.ranks or 1),
+              "FRAMEWORK": args.framework, "SAFETY_MARGIN": 0.1 if args.margin is None else float(args.margin),
+              "VALIDATE_STEPS": int(args.steps), "RUNS": str(args.runs.resolve())}
+    lines = []
+    for name, value in values.items():
+        text = repr(value)
+        if ast.literal_eval(text) != value:
+            raise ValueError(f"{name}={value!r}: not a plain value")
+        lines.append(f"{name} = {text}")
+    return "\n".join(lines)
 
 
 def model_argument(text: str):

@@ -28,7 +28,8 @@ TARGET = 0.10
 
 @dataclass(frozen=True, kw_only=True)
 class Validated:
-    """One plan run for real beside its prediction. ``role``: ``"pick"``, ``"runner-up"`` or ``"ddp"``."""
+    """One plan run for real beside its prediction. ``role``: ``"pick"``, ``"runner-up"``, ``"ddp"``, or
+    ``"ddp-like"`` (where no DDP plan fits: the smallest fitting plan that keeps the parameters whole)."""
 
     candidate: Candidate
     role: str
@@ -67,7 +68,7 @@ def validation_plans(advice: PlanAdvice) -> list[tuple[str, Candidate]]:
     whole = sorted((c for c in fitting if not get_strategy(c.spec.strategy).gathers_units),
                    key=lambda c: c.predicted_peak_bytes)
     for role, c in (("pick", advice.recommended), ("runner-up", advice.runner_up),
-                    ("ddp", (ddp or whole or [None])[0])):
+                    ("ddp", (ddp or [None])[0]), ("ddp-like", None if ddp else (whole or [None])[0])):
         if c is not None and all(c.spec != other.spec for _, other in chosen):
             chosen.append((role, c))
     return chosen
