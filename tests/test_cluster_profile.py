@@ -100,3 +100,21 @@ def test_a_jupyterlab_beside_a_run_never_sees_or_touches_its_cluster(lab_and_ipy
     assert not [n for n in _ours(default / "security") + _ours(default / "log") if "workbench" in n or "ipengine" in n]
     assert not [p.name for p in profile.rglob(f"*{cluster_id}*")]
     assert "Failed to remove" not in caplog.text
+
+
+def test_the_next_start_sweeps_the_files_a_killed_run_left_and_only_those(tmp_path):
+    from workbench.launch.cluster_files import remove_stale_cluster_files
+
+    security, log = tmp_path / "security", tmp_path / "log"
+    security.mkdir()
+    log.mkdir()
+    gone, alive = "workbench-2147483646-0badc0de", f"workbench-{os.getpid()}-00c0ffee"  # no such pid; this one
+    left = [security / f"ipcontroller-{gone}-client.json", security / f"ipcontroller-{gone}-engine.json",
+            log / f"ipcontroller-{gone}-7.log", log / f"ipengine-{gone}-1795704183-0.log", log / f"engines{gone}.json"]
+    kept = [security / f"ipcontroller-{alive}-client.json", log / f"ipengine-{alive}-1795704183-0.log",
+            security / "ipcontroller-client.json", log / "ipengine-1795721161.3721.out",  # not ours
+            log / "ipengine-workbench-remote-18a2b-0.log"]  # ours, but its driver cannot be told from its id
+    for path in left + kept:
+        path.write_text("{}")
+    assert sorted(remove_stale_cluster_files(security)) == sorted(left)
+    assert all(p.exists() for p in kept) and not any(p.exists() for p in left)

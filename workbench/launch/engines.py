@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.launch.cluster_files import CLUSTER_PREFIX, cluster_profile_dir, remove_stale_cluster_files
 from workbench.launch.plan import LaunchPlan, plan_launch
 from workbench.launch.reaper import Reaper, start_reaper
 
@@ -166,7 +167,8 @@ class EngineRun:
         try:
             cluster.stop_cluster_sync()
         except Exception:
-            pass  # the controller's engine-state file is the one file of the run ipyparallel leaves behind:
+            pass
+        # the controller's engine-state file is the one file of the run that ipyparallel's stop leaves behind
         Path(cluster.profile_dir, "log", f"engines{cluster.cluster_id}.json").unlink(missing_ok=True)
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -241,42 +243,6 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         raise EngineFailure(f"engines did not start: {err}", None) from err
     run.started_s = time.monotonic() - t0
     return run
-
-
-def cluster_profile_dir() -> Path:
-    """Our clusters' IPython profile folder: ``$WORKBENCH_CLUSTER_DIR``, else ``~/.cache/workbench/ipyparallel``; never in
-    ``$IPYTHONDIR``, whose ``profile_*`` clusters a JupyterLab's ipyparallel extension adopts, logs deleted (issue 29)."""
-    return Path(os.environ.get("WORKBENCH_CLUSTER_DIR") or Path.home() / ".cache" / "workbench" / "ipyparallel")
-
-
-#: Prefix of the ipyparallel cluster ids (and so ``cluster-<id>.json`` files) this module starts.
-CLUSTER_PREFIX = "workbench-"
-
-
-def remove_stale_cluster_files(security_dir: Path) -> list[Path]:
-    """Remove this module's ``cluster-workbench-*.json`` files whose controller process is gone.
-
-    A driver killed before its reaper could act (or before it registered the controller) leaves its
-    cluster file marked running; the next start removes it. Files of other clusters are left alone.
-
-    Returns:
-        The files removed.
-    """
-    import json
-
-    import psutil
-
-    removed = []
-    for path in sorted(Path(security_dir).glob(f"cluster-{CLUSTER_PREFIX}*.json")):
-        try:
-            pid = json.loads(path.read_text())["controller"]["state"]["pid"]
-            alive = psutil.pid_exists(pid) and "ipyparallel" in " ".join(psutil.Process(pid).cmdline())
-        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-            alive = False  # unreadable, or its controller vanished while we looked
-        if not alive:
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
 
 
 #: Launches tried when a rank cannot bind its rendezvous port (taken between the pick and the bind).

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.launch.cluster_files import cluster_profile_dir
 from workbench.launch.engines import (
     FAST_HEARTBEAT,
     EngineFailure,
     EngineRun,
-    cluster_profile_dir,
     is_port_clash,
     rank_identity,
     run_on_fresh_ports,
