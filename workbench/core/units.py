@@ -34,7 +34,7 @@ def format_bytes(num_bytes: float, unit: str | None = None) -> str:
     if unit not in BYTE_UNITS:
         raise ValueError(f"unit: unknown {unit!r}; choose one of {', '.join(BYTE_UNITS)}.")
     value = float(num_bytes) / BYTE_UNITS[unit]
-    return f"{value:,.0f} B" if unit == "B" else f"{value:,.2f} {unit}"
+    return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"  # below 1024 in its own unit: no separator
 
 
 def plural(count: float, noun: str, plural_noun: str | None = None) -> str:
