@@ -8,7 +8,7 @@ the budget is 1.25 times the largest single-micro-batch plan's peak (everything 
 The profile, the collective benchmark and the runs are stored under ``--runs`` and reused when run again
 (give a new folder to measure afresh). Timings depend on the machine's load: ``uptime`` is printed with the table.
 
-    python3 benchmarks/bench_plan_advisor.py [--ranks 2 4] [--models lm attention] [--steps 8] [--runs DIR]
+    python3 benchmarks/bench_plan_advisor.py [--ranks 2 4] [--models lm attention mlx-lm] [--steps 8] [--runs DIR]
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from workbench.runs.spec import VALIDATION_MODEL
 from workbench.strategies import get_strategy
 from workbench.studies.planner import advise_plan, validate_plan
 
-#: The models: the built-in LM (its validation size: states dominate) and the example factory (activations do).
+#: The models: the built-in LM (its validation size: states dominate), the example factory (activations do), and
+#: an mlx-lm Llama built by mlx-lm's own class from a config (tests/data/mlx_lm_tiny.py, no weights).
 MODELS = {"lm": dict(model=dict(VALIDATION_MODEL)),
-          "attention": dict(model="examples.tiny_attention_lm:mlx_factory", seq_len=128, vocab_size=384)}
+          "attention": dict(model="examples.tiny_attention_lm:mlx_factory", seq_len=128, vocab_size=384),
+          "mlx-lm": dict(model="tests.data.mlx_lm_tiny:llama_factory", seq_len=64, vocab_size=256)}
 
 
 def budget_for(advice) -> tuple[int, str]:

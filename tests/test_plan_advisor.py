@@ -20,7 +20,7 @@ from workbench.strategies import get_strategy
 from workbench.studies.planner import advise_plan, base_spec, enumerate_candidates, validation_plans
 from workbench.studies.planner.candidates import model_of
 from workbench.studies.planner.cli import parse_memory, plan_json
-from workbench.studies.planner.tables import advice_table
+from workbench.studies.planner.tables import advice_table, strategy_table
 from workbench.studies.planner.validate import off_terms
 from workbench.views.plan_pareto import fig_plan_pareto, pareto_front
 
@@ -85,6 +85,9 @@ def test_the_pick_fits_is_fastest_of_those_that_fit_and_every_plan_says_why():
     assert pick is not None and pick.fits and pick.rank == 1 and pick.predicted_peak_bytes * 1.1 <= budget
     assert pick.predicted_step_s == min(c.predicted_step_s for c in advice.candidates if c.fits)
     assert not any(c.fits for c in advice.candidates if c.spec.strategy == "ddp")
+    per_strategy = strategy_table(advice)  # memory per strategy: DDP's smallest is over, the pick's strategy fits
+    assert not per_strategy.loc["ddp", "fits"] and per_strategy.loc[pick.spec.strategy, "fits"]
+    assert per_strategy.loc["ddp", "smallest peak MiB"] * MiB * 1.1 > budget
     worst_ddp = max((c for c in advice.candidates if c.spec.strategy == "ddp"), key=lambda c: c.predicted_peak_bytes)
     assert worst_ddp.reason.startswith("DDP does not fit: ") and " > " in worst_ddp.reason
     # the default bucket size (one bucket of the whole model) does not fit; the pick's buckets are smaller

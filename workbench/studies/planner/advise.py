@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from workbench.core.checks import as_whole
+from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
 from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
 from workbench.launch.profile import profile_model
@@ -44,6 +45,7 @@ class PlanAdvice:
         profile: The model's measured profile.
         left_out: ``(plan, why)`` for plans the strategy cannot split the model into.
         notes: What the advisor did not price, and why (HSDP is modelled, not run).
+        base: The run as asked. model_spec: Its parameters (what the bucket and shard plans cut).
     """
 
     candidates: tuple[Candidate, ...]
@@ -55,6 +57,7 @@ class PlanAdvice:
     left_out: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     base: RunSpec | None = field(default=None, repr=False)
+    model_spec: ModelSpec | None = field(default=None, repr=False)
 
     @property
     def runner_up(self) -> Candidate | None:
@@ -221,6 +224,6 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
                                        f"({smallest.label})" if smallest else ""))
     return PlanAdvice(candidates=tuple(ranked), recommended=pick, memory_bytes=memory_bytes,
                       safety_margin=float(safety_margin), links_source=source, profile=profile,
-                      left_out=tuple(left_out), notes=tuple(notes), base=base)
+                      left_out=tuple(left_out), notes=tuple(notes), base=base, model_spec=shapes)
 
 

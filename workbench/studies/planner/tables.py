@@ -39,3 +39,17 @@ def validation_table(validation) -> pd.DataFrame:
                      "peak error": None if v.peak_error is None else f"{v.peak_error:+.0%}",
                      "off": "; ".join(v.off) or "within 10%", "run": v.run_id})
     return pd.DataFrame(rows).set_index("role")
+
+
+def strategy_table(advice) -> pd.DataFrame:
+    """Per strategy: its smallest predicted peak per rank (MiB, and the plan), whether any of its plans fits, and
+    its fastest fitting plan's step (ms): memory per strategy for this model, ranks and batch."""
+    rows = {}
+    for c in advice.candidates:
+        row = rows.setdefault(c.spec.strategy, {"strategy": c.spec.strategy, "smallest peak MiB": None,
+                                                "smallest plan": None, "fits": False, "fastest fitting ms": None})
+        if row["smallest peak MiB"] is None or c.predicted_peak_bytes / MiB < row["smallest peak MiB"]:
+            row["smallest peak MiB"], row["smallest plan"] = round(c.predicted_peak_bytes / MiB, 1), c.label
+        if c.fits and (row["fastest fitting ms"] is None or c.predicted_step_s * 1e3 < row["fastest fitting ms"]):
+            row["fits"], row["fastest fitting ms"] = True, round(c.predicted_step_s * 1e3, 2)
+    return pd.DataFrame(list(rows.values())).set_index("strategy")
