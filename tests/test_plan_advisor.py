@@ -231,3 +231,14 @@ def test_review_puts_the_users_values_in_notebook_08s_parameter_cell_as_literals
     mine = next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("MODEL = "))
     assigned = {getattr(t, "id", None) for n in ast.parse(mine).body for t in getattr(n.targets[0], "elts", n.targets)}
     assert assigned == set(names)  # the deck's cell sets what notebook 08's sets
+
+
+def test_a_per_bucket_cost_is_priced_per_synced_bucket():
+    base = base_spec(dict(VALIDATION_MODEL), num_ranks=2, global_batch=16, seq_len=None, framework="mlx")
+    costly = advise_plan(dict(VALIDATION_MODEL), num_ranks=2, memory_bytes=4 * GiB, global_batch=16, runs_root="unused",
+                         profile=fake_profile(base), links=LINKS, per_bucket_s=0.01)
+    free = {c.label: c for c in advise(4 * GiB).candidates}
+    for c in costly.candidates:
+        if c.spec.strategy == "fsdp-row" and c.spec.num_microbatches == 1:
+            buckets = plan_buckets(model_of(c.spec), c.spec.communication_size).num_buckets
+            assert c.step.per_bucket_s == pytest.approx(0.01 * buckets) and free[c.label].step.per_bucket_s == 0

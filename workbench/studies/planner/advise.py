@@ -156,7 +156,7 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
                 runs_root: str | Path, vocab_size: int | None = None, precision: str = "float32",
                 optimizer: str = "adamw", safety_margin: float = SAFETY_MARGIN, sizes: tuple[int, ...] | None = None,
                 launcher: str = "ssh", profile: ModelProfile | None = None, model_shapes: Any = None,
-                steps: int = 10, profile_timeout_s: float = 600.0) -> PlanAdvice:
+                steps: int = 10, profile_timeout_s: float = 600.0, per_bucket_s: float = 0.0) -> PlanAdvice:
     """The ranked plans of ``model`` on ``num_ranks`` ranks (or the slots of ``hosts``) with ``memory_bytes`` each.
 
     Args:
@@ -172,6 +172,8 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
         safety_margin: The share of the budget a plan must leave free to fit (>= 0).
         sizes: ``communication_size`` s to try (default the bucket-size advisor's sweep).
         profile, model_shapes: A profile (and a user model's shapes) already at hand, else measured / built.
+        per_bucket_s: Seconds each synced bucket costs beyond its collectives (the bucket-size advisor's
+            ``per_bucket_s``; 0 prices the buckets by their links' latency only).
 
     Raises:
         ValueError: a bad argument, naming it.
@@ -206,7 +208,7 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
     from workbench.runs.estimate import predict_run_step_time
 
     def predict(spec: RunSpec):
-        return predict_run_step_time(spec, profile, links, model_shapes=shapes)
+        return predict_run_step_time(spec, profile, links, model_shapes=shapes, per_bucket_s=per_bucket_s)
 
     priced = [price_candidate(s, profile, shapes, memory_bytes=memory_bytes, safety_margin=safety_margin,
                               predict_step=predict) for s in specs]
