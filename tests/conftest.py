@@ -233,35 +233,77 @@ def pytest_collection_modifyitems(items):
 
 #: Notebooks whose sweeps share the tests' runs: a run :class:`SharedRuns` trains that one of them will run under
 #: nbval (same spec, so same run id) is copied into that notebook's run store, where its sweep skips it as done.
-NBVAL_SWEEPS = ("03_memory_math", "06_gradient_accumulation")
+NBVAL_SWEEPS = ("03_memory_math", "05_step_time_and_comm_size")
+#: Notebooks whose collective benchmarks tests share: notebook -> (its store's variable, the benchmarks' sizes').
+NBVAL_BENCHMARKS = {"05_step_time_and_comm_size": ("COLLECTIVES", "COLLECTIVE_SIZES")}
 
 
-def nbval_sweep(notebook: str) -> tuple[Path, dict[str, object]]:
-    """The run store and the specs (by run id) of ``notebook``'s sweep in the configuration nbval runs: its
-    precondition and parameter cells executed here (``setup()`` giving the settings without touching plotly), then
-    the statements of its first ``run_sweep`` cell before that call."""
+def nbval_parameters(notebook: str, *more: str) -> dict[str, object]:
+    """The names ``notebook`` defines in the configuration nbval runs: its precondition and parameter cells, then
+    the code ``more``, executed here (``setup()`` giving the settings without touching plotly)."""
     import json
 
     from workbench.core import paths
     from workbench.publish import notebook as nb_setup
-    from workbench.runs.store import run_id_for
 
     cells = [c for c in json.loads((paths.NOTEBOOK_DIR / f"{notebook}.ipynb").read_text())["cells"]
              if c["cell_type"] == "code"]
-    sources = ["".join(c["source"]) for c in cells]
-    sweep = ast.parse(next(s for s in sources if "run_sweep(" in s and "import" not in s))
-    before = ast.Module([t for t in sweep.body[:next(i for i, t in enumerate(sweep.body)
-                                                     if "run_sweep(" in ast.unparse(t))]], [])
     settings = nb_setup.NotebookSettings(export=False, small=nb_setup.env_flag("WORKBENCH_SMALL"), renderer="",
                                          full=nb_setup.env_flag("WORKBENCH_FULL"))
     setup, nb_setup.setup = nb_setup.setup, lambda: settings
     namespace: dict[str, object] = {"print": lambda *a, **k: None, "display": lambda *a, **k: None}
     try:
-        for code in (*sources[:2], ast.unparse(before)):
+        for code in (*("".join(c["source"]) for c in cells[:2]), *more):
             exec(code, namespace)  # noqa: S102 - the repository's own notebook
     finally:
         nb_setup.setup = setup
-    return Path(namespace["RUNS"]), {run_id_for(s.to_dict()): s for s in namespace["specs"]}
+    return namespace
+
+
+def nbval_sweep(notebook: str) -> tuple[Path, dict[str, object]]:
+    """The run store and the specs (by run id) of ``notebook``'s sweep under nbval: :func:`nbval_parameters` with
+    the statements of its first ``run_sweep`` cell before that call, whose first two arguments are the specs and
+    the store."""
+    import json
+
+    from workbench.core import paths
+    from workbench.runs.store import run_id_for
+
+    sources = ["".join(c["source"]) for c in json.loads((paths.NOTEBOOK_DIR / f"{notebook}.ipynb").read_text())["cells"]
+               if c["cell_type"] == "code"]
+    sweep = ast.parse(next(s for s in sources if "run_sweep(" in s and "import" not in s))
+    at = next(i for i, t in enumerate(sweep.body) if "run_sweep(" in ast.unparse(t))
+    call = next(n for n in ast.walk(sweep.body[at]) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "run_sweep")
+    namespace = nbval_parameters(notebook, ast.unparse(ast.Module(sweep.body[:at], [])))
+    specs, store = (eval(ast.unparse(a), namespace) for a in call.args[:2])  # noqa: S307 - as above
+    return Path(store), {run_id_for(s.to_dict()): s for s in specs}
+
+
+def nbval_benchmarks(notebook: str) -> tuple[Path, set[str]]:
+    """The store and the run ids of the collective benchmarks ``notebook`` runs under nbval (its frameworks on
+    ``NUM_RANKS`` ranks at its sizes, the default kinds and iterations)."""
+    from workbench.launch.benchmark import benchmark_spec
+    from workbench.runs.store import run_id_for
+
+    store, sizes = NBVAL_BENCHMARKS[notebook]
+    names = nbval_parameters(notebook)
+    return Path(names[store]), {run_id_for(benchmark_spec(f, names["NUM_RANKS"], names[sizes]))
+                                for f in names["FRAMEWORKS"]}
+
+
+def store_in(store: Path, run: Path) -> None:
+    """Copies the run folder ``run`` into ``store`` unless it holds that run already (a store's own runs, say a
+    developer's, are never replaced); written beside the store and renamed in, so a reader never sees half."""
+    if (store / run.name).exists():
+        return
+    store.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{run.name}-", dir=store.parent))
+    shutil.copytree(run, staging / run.name, ignore=shutil.ignore_patterns(".lock"))
+    try:
+        os.rename(staging / run.name, store / run.name)
+    except OSError:  # another session stored it first
+        pass
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 class SharedRuns:
@@ -269,7 +311,7 @@ class SharedRuns:
 
     def __init__(self, root: Path):
         self.root, self.outcomes = root, {}
-        self._sweeps: list[tuple[Path, dict]] | None = None
+        self._wanted: list[tuple[Path, set]] | None = None
 
     def run(self, spec, root: Path, **kwargs):
         """``spec`` trained by ``run_training`` into the session's store the first time it is asked for (again
@@ -283,40 +325,33 @@ class SharedRuns:
         if key not in self.outcomes or self.outcomes[key].status != "done":
             self.outcomes[key] = run_training(spec, self.root, **kwargs)
             if self.outcomes[key].status == "done":
-                self._offer_to_notebooks(key)
+                self.offer(self.root / key)
         outcome = self.outcomes[key]
         if outcome.status == "done":
             shutil.copytree(self.root / outcome.run_id, Path(root) / outcome.run_id, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(".lock"))
         return outcome
 
-    def _offer_to_notebooks(self, run_id: str) -> None:
-        """Copies run ``run_id`` into the store of each notebook sweep that runs it and does not hold it yet
-        (a store's own runs, say a developer's, are never replaced); written beside the store and renamed in."""
-        if self._sweeps is None:
+    def offer(self, run: Path) -> None:
+        """Copies the finished run (or benchmark) folder ``run`` into the store of each notebook of
+        :data:`NBVAL_SWEEPS` or :data:`NBVAL_BENCHMARKS` that runs it under nbval (:func:`store_in`)."""
+        if self._wanted is None:
             try:
-                self._sweeps = [nbval_sweep(name) for name in NBVAL_SWEEPS]
+                self._wanted = [(store, set(specs)) for store, specs in map(nbval_sweep, NBVAL_SWEEPS)]
+                self._wanted += [nbval_benchmarks(name) for name in NBVAL_BENCHMARKS]
             except Exception as e:  # nbval will train the runs itself (and fail there if the notebook is broken)
                 warnings.warn(f"notebook sweeps not read, so not shared: {type(e).__name__}: {e}", stacklevel=2)
-                self._sweeps = []
-        for store, specs in self._sweeps:
-            if run_id not in specs or (store / run_id).exists():
-                continue
-            store.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{run_id}-", dir=store.parent))
-            shutil.copytree(self.root / run_id, staging / run_id, ignore=shutil.ignore_patterns(".lock"))
-            try:
-                os.rename(staging / run_id, store / run_id)
-            except OSError:  # another session stored it first
-                pass
-            shutil.rmtree(staging, ignore_errors=True)
+                self._wanted = []
+        for store, run_ids in self._wanted:
+            if run.name in run_ids:
+                store_in(store, run)
 
 
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
     """Runs shared between test modules and with the notebooks' sweeps: test_train_jax's fsdp-row run is
     test_jax_accum's G=1 run; the memory validation's runs (test_validation) are test_fully_shard_runs' DDP run
-    and notebook 03's (and 06's) runs."""
+    and notebooks 03's and 05's runs; test_collectives' benchmarks are notebook 05's (:meth:`SharedRuns.offer`)."""
     return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 
