@@ -34,7 +34,7 @@ from workbench.runs.estimate import spec_from_row, step_time_validation
 from workbench.runs.profile import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
-from workbench.studies.step_time import fit_links, load_collective_benchmarks
+from workbench.studies.step_time import fit_links, links_table, load_collective_benchmarks
 
 LINK_SIZES = tuple(2**k for k in range(12, 23, 2))  # 4 KiB to 4 MiB
 MODELS = {
@@ -73,6 +73,7 @@ def main() -> None:
             run_collective_benchmark(root / "collectives", fw, n, sizes_bytes=LINK_SIZES, iters=5)
     links = fit_links(load_collective_benchmarks(root / "collectives"))
     print(f"links fitted ({time.monotonic() - t0:.0f} s); {load()}", flush=True)
+    print(links_table(links).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
     for fw in frameworks:
         for model in args.models.split(","):
             for n in ranks:
