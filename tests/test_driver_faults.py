@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workbench.launch.cluster_files import cluster_profile_dir
 from workbench.launch.driver import run_training
 from workbench.runs.lock import RunLocked
 from workbench.runs.spec import RunSpec
@@ -70,8 +71,7 @@ def test_a_killed_driver_takes_engines_and_controller_with_it_and_the_next_call_
         run_training(spec, tmp_path)
     assert time.monotonic() - t0 < 5
 
-    security = Path(psutil.Process(driver.pid).environ().get("IPYTHONDIR", Path.home() / ".ipython")) \
-        / "profile_default" / "security"
+    security = cluster_profile_dir() / "security"  # the workbench's own profile folder
     cluster_files = list(security.glob(f"cluster-workbench-{driver.pid}-*.json"))
     assert len(cluster_files) == 1
     os.kill(driver.pid, sig)
