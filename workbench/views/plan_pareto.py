@@ -82,7 +82,7 @@ def fig_plan_pareto(candidates: Sequence[Mapping], memory_bytes: int, *, safety_
         edge = budget / (1 + safety_margin)
         shapes.append(dict(type="line", xref="x", yref="paper", x0=edge, x1=edge, y0=0, y1=1,
                            line=dict(color="#333333", width=1, dash="dot")))
-    layout = dict(xaxis=dict(title="predicted peak per rank (MiB)", rangemode="tozero"),
+    layout = dict(xaxis=dict(title="predicted peak per rank (MiB)"),
                   yaxis=dict(title="predicted step time (ms)", rangemode="tozero"), shapes=shapes, annotations=notes)
     title = "Plans: memory per rank against step time (open: does not fit; dotted: the budget less its margin)"
     return figure(traces, layout, title, height)
