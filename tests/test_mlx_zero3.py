@@ -218,27 +218,38 @@ def test_zero3_peak_is_below_fsdp_by_what_the_memory_model_predicts(ring_run):
 
 
 def test_deferred_sync_keeps_unsharded_gradients_alive(ring_run):
-    """After the micro-batch loop, deferred minus every-micro-batch sync, against the model's rows.
+    """After the micro-batch loop, deferred minus every-micro-batch sync, against the model's rows;
+    then each loop's peak against its rows.
 
     Held: the accumulator, unsharded or this rank's 1/N (the ``fp32_gradients`` row of ``ddp`` and
     of ``fsdp``), and under full sharding every unit's gathered weights (the ``fsdp``
-    ``parameters`` row): to 3% (measured 0.2% and 1.3%: the loss and a collective token). The
-    loop's peak under full sharding adds every micro-batch's full
-    gradient (``fsdp`` minus ``zero3`` ``gradients``) and the activations recomputation saved, and
-    saves the resharding mode's gathered unit: within 20%. FSDP's loop peaks differ by less than the accumulator (0.2-0.6
-    of it, varying by rank): syncing every micro-batch holds the reduce-scatter's buffers beside
-    the micro-batch gradient, so only the direction is asserted there.
+    ``parameters`` row): to 3% (measured 0.2% and 1.3%: the loss and a collective token).
+
+    The loop's peak under full sharding, each mode within 10%:
+    - deferred: the states at rest, the gathered model, the full accumulator, one micro-batch's full
+      gradient and its activations without recomputation (the gathered model runs whole). The sum
+      is an upper bound: activations are freed while the gradient forms. Measured 0.94 of it (2
+      and 4 ranks, quiet) and 0.93 under CI's load.
+    - every micro-batch: the states at rest, this rank's 1/N accumulator beside the micro-batch's
+      reduce-scattered 1/N row, the gathered unit's buffers and the recomputed activations (one
+      unit's, plus the boundaries): measured 0.95-1.01.
+    The gap between the two sums (their difference, ~13 MiB at 2 ranks) is not held on its own:
+    it carries both sums' errors, twice the target's width.
+    FSDP's loop peaks differ by less than the accumulator (0.2-0.6 of it, varying by rank):
+    syncing every micro-batch holds the reduce-scatter's buffers beside the micro-batch gradient,
+    so only the direction is asserted there.
     """
     n, ranks = ring_run
     est = estimates(n, ranks[0]["memory"]["units"])
     accumulator = est["accumulator_full"] - est["accumulator_shard"]
-    z_true = est["zero3_reshard_True"]
-    held = {"fsdp": accumulator, "full": accumulator + est["fsdp"]["parameters"]}
-    # Deferred, the gathered model runs without recomputation: every block's activations, not the
-    # boundaries and one block's (the micro-batch is GLOBAL_BATCH // n in both modes).
-    recompute_saving = est["fsdp"]["activations"] - z_true["activations"]
-    full_peak = (held["full"] + est["fsdp"]["gradients"] - z_true["gradients"] - z_true["gathered_unit"]
-                 + recompute_saving)
+    fsdp, z_true = est["fsdp"], est["zero3_reshard_True"]
+    held = {"fsdp": accumulator, "full": accumulator + fsdp["parameters"]}
+    at_rest = z_true["parameters"] + z_true["optimizer_state"]
+    loop_peak = {
+        True: at_rest + fsdp["parameters"] + est["accumulator_full"] + fsdp["gradients"] + fsdp["activations"],
+        False: (at_rest + est["accumulator_shard"] + z_true["gradients"] + z_true["gathered_unit"]
+                + z_true["activations"]),
+    }
     for rank in ranks:
         mem = rank["memory"]
         for s in ("fsdp", "full"):
@@ -246,9 +257,9 @@ def test_deferred_sync_keeps_unsharded_gradients_alive(ring_run):
             held_bytes = deferred["accumulated_active_bytes"] - every["accumulated_active_bytes"]
             assert held_bytes == pytest.approx(held[s], rel=0.03), s
             assert deferred["accumulated_peak_bytes"] > every["accumulated_peak_bytes"], s
-        gap = (mem["accum_full_defer_True"]["accumulated_peak_bytes"]
-               - mem["accum_full_defer_False"]["accumulated_peak_bytes"])
-        assert gap == pytest.approx(full_peak, rel=0.2)
+        for defer, want in loop_peak.items():
+            got = mem[f"accum_full_defer_{defer}"]["accumulated_peak_bytes"]
+            assert got == pytest.approx(want, rel=0.1), (rank["rank"], defer, got / MiB, want / MiB)
 
 
 # ----------------------------------------------------------------------------- errors and MLX's fully_shard
