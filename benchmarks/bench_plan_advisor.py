@@ -23,6 +23,7 @@ from workbench.core.units import MiB
 from workbench.runs.spec import VALIDATION_MODEL
 from workbench.strategies import get_strategy
 from workbench.studies.planner import advise_plan, validate_plan
+from workbench.studies.planner.tables import order_line, validation_table
 
 #: The models: the built-in LM (its validation size: states dominate), the example factory (activations do), and
 #: an mlx-lm Llama built by mlx-lm's own class from a config (tests/data/mlx_lm_tiny.py, no weights).
@@ -55,19 +56,12 @@ def run_case(name: str, ranks: int, runs: Path, steps: int, global_batch: int) -
     if advice.recommended is None:
         return [f"| {name} | {ranks} | {budget / MiB:.1f} ({how}) | none fits | | | | | |"]
     check = validate_plan(advice, runs, steps=steps)
-    rows = []
-    for v in check.runs:
-        c = v.candidate
-        ms = "-" if v.measured_step_s is None else f"{v.measured_step_s * 1e3:.1f}"
-        mib = "-" if v.measured_peak_bytes is None else f"{v.measured_peak_bytes / MiB:.1f}"
-        err = lambda e: "-" if e is None else f"{e:+.0%}"  # noqa: E731
-        rows.append(f"| {name} | {ranks} | {budget / MiB:.1f} ({how}) | {v.role}: {c.label} | "
-                    f"{c.predicted_step_s * 1e3:.1f} / {ms} ({err(v.step_error)}) | "
-                    f"{c.predicted_peak_bytes / MiB:.1f} / {mib} ({err(v.peak_error)}) | "
-                    f"{'; '.join(v.off) or 'within 10%'} |")
-    rows.append(f"| {name} | {ranks} | | order predicted {', '.join(check.predicted_order)}; measured "
-                f"{', '.join(check.measured_order or ['-'])}: agree {check.order_agrees}, pick fastest "
-                f"{check.pick_measured_fastest} | | | links: {advice.links_source} |")
+    table = validation_table(check).drop(columns="run").reset_index().fillna("-")
+    rows = [f"| {name} | {ranks} | {budget / MiB:.1f} ({how}) | {r['role']}: {r['plan']} | "
+            f"{r['step ms predicted']} / {r['step ms measured']} ({r['step error']}) | "
+            f"{r['peak MiB predicted']} / {r['peak MiB measured']} ({r['peak error']}) | {r['off']} |"
+            for r in table.to_dict("records")]
+    rows.append(f"| {name} | {ranks} | | {order_line(check)} | | | links: {advice.links_source} |")
     return rows
 
 

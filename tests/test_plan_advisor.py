@@ -242,3 +242,22 @@ def test_a_per_bucket_cost_is_priced_per_synced_bucket():
         if c.spec.strategy == "fsdp-row" and c.spec.num_microbatches == 1:
             buckets = plan_buckets(model_of(c.spec), c.spec.communication_size).num_buckets
             assert c.step.per_bucket_s == pytest.approx(0.01 * buckets) and free[c.label].step.per_bucket_s == 0
+
+
+def test_the_validation_prints_the_notebooks_table_with_each_run_and_the_orders():
+    from workbench.studies.planner.cli import format_validation
+    from workbench.studies.planner.validate import Validated, Validation
+
+    pick, runner = advise(2**40).candidates[:2]
+    made = lambda c, role, step_s: Validated(candidate=c, role=role, run_id=f"run-{role}", status="done",  # noqa
+                                             measured_step_s=step_s, measured_sync_s=None,
+                                             measured_peak_bytes=int(c.predicted_peak_bytes * 1.25),
+                                             peak_source="mx.get_peak_memory", off=("compute 25% over",))
+    validation = Validation((made(pick, "pick", 2 * runner.predicted_step_s), made(runner, "runner-up", None)))
+    text = format_validation(validation).splitlines()
+    assert text[0].split()[:3] == ["role", "plan", "step"]
+    pick_row = next(line for line in text if line.startswith("pick "))
+    assert pick.label in pick_row and "+25%" in pick_row and "compute 25% over" in pick_row
+    assert any(line.startswith("runner-up ") and " - " in line for line in text)  # no time measured: a dash
+    assert "pick: done run-pick" in text and "runner-up: done run-runner-up" in text
+    assert text[-1] == ("predicted order: pick, runner-up; measured: -; agree: None; pick measured fastest: None")

@@ -166,18 +166,13 @@ def format_advice(advice, *, top: int = 12) -> str:
 
 
 def format_validation(validation) -> str:
-    """Predicted against measured, per validated plan, and whether the orders agree."""
-    lines = [f"{'role':<10} {'plan':<40} {'step ms pred/meas':>19} {'err':>6} {'peak MiB pred/meas':>20} {'err':>6}"]
-    for v in validation.runs:
-        c = v.candidate
-        step = "-" if v.measured_step_s is None else f"{v.measured_step_s * 1e3:.2f}"
-        peak = "-" if v.measured_peak_bytes is None else f"{v.measured_peak_bytes / MiB:.1f}"
-        err = lambda e: "-" if e is None else f"{e:+.0%}"  # noqa: E731
-        lines.append(f"{v.role:<10} {c.label:<40} {c.predicted_step_s * 1e3:>9.2f}/{step:<9} {err(v.step_error):>6} "
-                     f"{c.predicted_peak_bytes / MiB:>9.1f}/{peak:<10} {err(v.peak_error):>6}  {v.status} {v.run_id}")
-        lines += [f"{'':<10} off: {o}" for o in v.off]
-    lines.append(f"predicted order: {', '.join(validation.predicted_order)}; measured: "
-                 f"{', '.join(validation.measured_order or ['-'])}; agree: {validation.order_agrees}; "
-                 f"pick measured fastest: {validation.pick_measured_fastest}")
-    return "\n".join(lines)
+    """Predicted against measured, per validated plan (the notebook's ``validation_table``), each run's status
+    and id, and whether the orders agree."""
+    from workbench.studies.planner.tables import order_line, validation_table
+
+    table = validation_table(validation).drop(columns="run").reset_index()
+    left = {col: f"{{:<{max(len(col), table[col].astype(str).str.len().max())}}}".format
+            for col in ("role", "plan", "off")}
+    runs = [f"{v.role}: {v.status} {v.run_id}" for v in validation.runs]
+    return "\n".join([table.to_string(index=False, formatters=left, justify="left", na_rep="-"), *runs, order_line(validation)])
 

@@ -41,6 +41,14 @@ def validation_table(validation) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("role")
 
 
+def order_line(validation) -> str:
+    """The predicted and measured orders of the validated plans, whether they agree, and whether the pick
+    measured fastest."""
+    return (f"predicted order: {', '.join(validation.predicted_order)}; measured: "
+            f"{', '.join(validation.measured_order or ['-'])}; agree: {validation.order_agrees}; "
+            f"pick measured fastest: {validation.pick_measured_fastest}")
+
+
 def strategy_table(advice) -> pd.DataFrame:
     """Per strategy: its smallest predicted peak per rank (MiB, and the plan), whether any of its plans fits, and
     its fastest fitting plan's step (ms): memory per strategy for this model, ranks and batch."""
