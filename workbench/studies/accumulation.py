@@ -23,10 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from workbench.core.buckets import plan_buckets
-from workbench.core.fully_shard_plan import ROOT, plan_fully_shard
-from workbench.models.init import LMConfig
-from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
+from workbench.runs.estimate import estimate_run_memory, run_step_shape, spec_from_row
 from workbench.strategies import COLLECTIVE_KINDS, StepShape, get_strategy, strategies
 from workbench.studies.runs import loss_curves
 from workbench.studies.step_time import steady_median
@@ -67,47 +64,17 @@ def _fields(spec: Any) -> dict:
     return asdict(spec if isinstance(spec, RunSpec) else RunSpec(**spec))
 
 
-def _units(fields: Mapping[str, Any]) -> list[tuple[int, bool]]:
-    """A unit-gathering strategy's units in forward order: (bytes, gathered again in backward). MLX (the
-    workbench's ZeRO-3 and ``fully_shard`` alike) wraps each block and then the root (embeddings, final
-    norm, head: :func:`~workbench.core.fully_shard_plan.plan_fully_shard`'s units), and a block is gathered
-    again in backward where the record reshards after forward (the root runs last and is not freed before
-    its backward); JAX chains :func:`~workbench.ranks.train_jax.lm_units` and its program rematerialises
-    every unit's gather in backward (``jax.checkpoint`` per unit; XLA on CPU then merges the repeated
-    gathers, which the runs' ``compiled_collectives`` show)."""
-    model, record = run_model_spec(fields), get_strategy(fields["strategy"])
-    if fields["framework"] == "mlx":
-        units = plan_fully_shard(model, fields["num_ranks"]).units
-        return [(u.param_bytes, record.reshard_after_forward and u.name != ROOT) for u in units]
-    from workbench.ranks.train_jax import lm_units
-
-    nbytes = {p.path: p.nbytes for p in model}
-    config = LMConfig(**fields["model"])
-    return [(sum(nbytes[path] for path in paths), True) for paths in lm_units(config)[2]]
-
-
 def step_shape(spec: Any) -> StepShape:
-    """What one optimizer step of ``spec``'s run syncs and gathers, for its strategy's record.
+    """What one optimizer step of ``spec``'s run syncs and gathers, for its strategy's record: the run
+    estimate's :func:`~workbench.runs.estimate.run_step_shape` of the validated spec (defaults filled).
 
     The sync collectives are what the framework's implementation issues per sync: MLX's buckets at
-    ``communication_size`` (JAX's FSDP step uses the same plan), JAX DDP's arrays, or ``fsdp-full``'s
-    units (:func:`_units`). MLX runs always compute the global norm (one all-reduce under the sharded
+    ``communication_size`` (JAX's FSDP step uses the same plan), JAX DDP's arrays, or a unit-gathering
+    strategy's units. MLX runs always compute the global norm (one all-reduce under the sharded
     strategies); JAX only when ``max_norm`` is set. These are the collectives the step asks for; a
     compiler may combine or merge some (JAX: ``compiled_collectives``).
     """
-    f = _fields(spec)
-    record = get_strategy(f["strategy"])
-    impl = record.implementation(f["framework"])
-    model = run_model_spec(f)
-    units = tuple((float(b), again) for b, again in _units(f)) if record.gathers_units else None
-    if impl.sync_per == "array":
-        sync = tuple(float(p.nbytes) for p in model)
-    elif units is not None:
-        sync = tuple(b for b, _ in units)
-    else:
-        sync = tuple(float(b) for b in plan_buckets(model, f["communication_size"]).bucket_bytes)
-    return StepShape(num_ranks=f["num_ranks"], sync_bytes=sync, units=units, num_microbatches=f["num_microbatches"],
-                     defer_sync=f["defer_sync"], reduces_norm=impl.reduces_norm(f.get("max_norm") is not None))
+    return run_step_shape(_fields(spec))
 
 
 def expected_collectives(spec: Any) -> dict[str, int]:
