@@ -16,11 +16,7 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import struct
-import subprocess
-import sys
 import time
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -32,6 +28,8 @@ import pytest
 from workbench import MiB, plan_buckets
 from workbench.core.presets import get_preset
 from workbench.publish import reveal, slides, static
+
+from lab_server import running_jupyterlab
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts" / "browser"))
@@ -233,12 +231,6 @@ def test_saved_widget_state_renders_offline_with_the_vendored_renderer(browser, 
 # --------------------------------------------------------------------------- JupyterLab
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def jupyterlab(tmp_path, chromium):
     """A JupyterLab server on 127.0.0.1 serving a copy of notebook 01, and copies of every stored notebook in
@@ -256,35 +248,10 @@ def jupyterlab(tmp_path, chromium):
         path = home / "settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
-    port = free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
-    cmd = [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--IdentityProvider.token=",
-           "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}",
-           f"--LabApp.workspaces_dir={home / 'workspaces'}", f"--LabApp.user_settings_dir={home / 'settings'}",
-           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-    log = open(home / "jupyterlab.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start:\n{(home / 'jupyterlab.log').read_text()[-3000:]}")
-                time.sleep(0.5)
+    with running_jupyterlab(root, home, start_timeout_s=60,
+                            args=(f"--LabApp.workspaces_dir={home / 'workspaces'}",
+                                  f"--LabApp.user_settings_dir={home / 'settings'}")) as url:
         yield url
-    finally:
-        try:  # a clean stop also shuts down the kernels it started
-            urllib.request.urlopen(urllib.request.Request(f"{url}/api/shutdown", method="POST"), timeout=10)
-            proc.wait(timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        log.close()
 
 
 def wait_for_kernel(page, url: str, timeout_s: float = 120, notebook: str = "01_bucket_layouts.ipynb") -> None:

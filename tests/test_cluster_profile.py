@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from lab_server import running_jupyterlab
 
 
 @pytest.fixture
@@ -35,40 +26,13 @@ def lab_and_ipython_dir(tmp_path, monkeypatch):
     home.mkdir()
     (ipython_dir / "profile_default").mkdir(parents=True)  # a user's default profile, as JupyterLab finds it
     monkeypatch.setenv("IPYTHONDIR", str(ipython_dir))
-    port, token = _free_port(), os.urandom(8).hex()
-    env = {**os.environ, "IPYTHONDIR": str(ipython_dir), "JUPYTER_CONFIG_DIR": str(home / "config"),
-           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_DATA_DIR": str(home / "data")}
-    cmd = [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--IdentityProvider.token={token}",
-           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url=None",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-    log = open(home / "jupyterlab.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    token = os.urandom(8).hex()
+    with running_jupyterlab(tmp_path, home, token=token, env={"IPYTHONDIR": str(ipython_dir)}) as url:
+        def get(path: str):
+            req = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"token {token}"})
+            return json.load(urllib.request.urlopen(req, timeout=30))
 
-    def get(path: str):
-        req = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"token {token}"})
-        return json.load(urllib.request.urlopen(req, timeout=30))
-
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                get("/api/status")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start:\n{(home / 'jupyterlab.log').read_text()[-3000:]}")
-                time.sleep(0.5)
         yield get, ipython_dir
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
 
 
 def _ours(folder: Path) -> list[str]:
