@@ -186,6 +186,40 @@ def test_communication_size_le_0_gives_one_bucket_per_array_and_equals_ddp():
     assert_close(pf, pd)
 
 
+@pytest.mark.parametrize("layout", ["row", "flat"])
+def test_buckets_follow_the_models_order_and_still_equal_ddp(layout):
+    """With ``order`` the buckets are cut over the model's order, not the pytree's sorted keys, and the
+    step still equals DDP (its shards hold the ordered plan's slices). The LM the runs train, at 1 MiB:
+    its pytree's order cuts 14 buckets, the model's order the 13 MLX plans and the records count."""
+    params, batch = problem(EVEN if layout == "row" else ODD)
+    mesh = mesh_1d(2)
+    order = spec_from_jax(params).paths[::-1]
+    fsdp = make_fsdp_step(mlp_loss, params, make_optimizer("adamw"), mesh, layout=layout, communication_size=CAP,
+                          max_norm=MAX_NORM, return_grad_shards=True, order=order)
+    assert list(fsdp.plan.buckets.spec.paths) == list(order)
+    assert [bk.index for bk in fsdp.packed_buckets] != [tuple(map(int, fsdp.plan.buckets.bucket(b)))
+                                                         for b in range(fsdp.plan.buckets.num_buckets)]
+    ddp = make_ddp_step(mlp_loss, params, make_optimizer("adamw"), mesh, max_norm=MAX_NORM, return_grads=True)
+    pf, pd, metrics = run_against_ddp(fsdp, ddp, params, batch, mesh, max_norm=MAX_NORM)
+    assert metrics["num_collectives"] == 2 * fsdp.plan.buckets.num_buckets + 1
+    assert_close(pf, pd, "FSDP in the model's order vs DDP")
+
+    from workbench.core.units import MiB
+    from workbench.models.init import LMConfig, lm_param_shapes
+    from workbench.runs.estimate import run_step_shape
+    from workbench.runs.spec import VALIDATION_MODEL, RunSpec
+    from workbench.strategies import get_strategy
+
+    shapes = {path: jax.ShapeDtypeStruct(shape, jnp.float32)
+              for path, shape in lm_param_shapes(LMConfig(**VALIDATION_MODEL)).items()}
+    spec = RunSpec(framework="jax", strategy=f"fsdp-{layout}", num_ranks=2, communication_size=MiB,
+                   model=dict(VALIDATION_MODEL))
+    planned = get_strategy(spec.strategy).collective_counts(run_step_shape(spec))["reduce_scatter"]
+    by_tree, by_model = (make_fsdp_step(mlp_loss, shapes, optax.sgd(0.1), mesh, layout=layout, communication_size=MiB,
+                                        order=order).collective_counts["reduce_scatter"] for order in (None, list(shapes)))
+    assert (by_tree, by_model, planned) == (14, 13, 13)
+
+
 def test_single_device_communicates_nothing_and_equals_plain_optax():
     params, batch = problem(ODD)
     mesh = mesh_1d(1)
@@ -305,6 +339,9 @@ def test_bad_inputs_raise_errors_naming_the_thing_at_fault():
     with pytest.raises(ValueError, match="'replica' not found"):
         make_fsdp_step(mlp_loss, params, optax.sgd(0.1), mesh, layout="flat", dp_axis="replica")
 
+    with pytest.raises(ValueError, match=r"order must name each parameter.*missing \['l2\.b'\].*\['l9\.w'\]"):
+        make_fsdp_step(mlp_loss, params, optax.sgd(0.1), mesh, layout="flat",
+                       order=[p for p in spec_from_jax(params).paths if p != "l2.b"] + ["l9.w"])
     fsdp = make_fsdp_step(mlp_loss, params, optax.sgd(0.1), mesh, layout="flat")
     with pytest.raises(ValueError, match="tree structure"):
         fsdp.init({k: v for k, v in params.items() if k != "l1"})

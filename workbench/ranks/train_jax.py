@@ -276,7 +276,9 @@ def _build_step(spec, mesh, replicated, params: dict, loss_fn: Callable):
     if record.family == "data_parallel":
         step = make_ddp_step(loss_fn, p, opt, mesh, max_norm=spec.max_norm, **accum)
     else:
-        step = make_fsdp_step(loss_fn, p, opt, mesh, layout=record.layout,
+        # Buckets over the model's order (``params``' keys: the LM's lm_param_shapes, a user's flax paths), as
+        # MLX's runs and the strategy records plan them; the pytree's own order sorts the keys.
+        step = make_fsdp_step(loss_fn, p, opt, mesh, layout=record.layout, order=list(params),
                               max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
     return step, p, step.init(p)
 

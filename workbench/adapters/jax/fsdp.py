@@ -46,6 +46,7 @@ from workbench.adapters.jax.step_base import (
     global_norm,
     pack_bucket,
     packed_buckets,
+    planned_order,
     reduce_scatter_rows,
     resolve_reduce_scatter,
     smap,
@@ -84,7 +85,7 @@ class FsdpStep(StepBase):
     """
 
     def __init__(self, loss_fn, params, optimizer, mesh, *, axis, communication_size, layout, max_norm, dp_axis,
-                 return_grad_shards, num_microbatches, defer_sync, reduce_scatter="auto"):
+                 return_grad_shards, num_microbatches, defer_sync, reduce_scatter="auto", order=None):
         check_accum(num_microbatches, defer_sync)
         self.reduce_scatter = resolve_reduce_scatter(reduce_scatter, mesh)
         self.num_microbatches, self.defer_sync = int(num_microbatches), bool(defer_sync)
@@ -99,8 +100,9 @@ class FsdpStep(StepBase):
         self.num_data = n * num_replicas
         self.spec = spec_from_jax(params, name="params")
         self.treedef = jax.tree_util.tree_structure(params)
-        self.plan = plan_shards(plan_buckets(self.spec, communication_size), n, layout)
-        self.packed_buckets = packed_buckets(self.plan)
+        planned, leaf_of = planned_order(self.spec, order)
+        self.plan = plan_shards(plan_buckets(planned, communication_size), n, layout)
+        self.packed_buckets = packed_buckets(self.plan, leaf_of)
         plan, nb = self.plan, len(self.packed_buckets)
         k = self.num_syncs
         self.collective_counts = counts(
@@ -210,13 +212,15 @@ class FsdpStep(StepBase):
 def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimizer: optax.GradientTransformation,
                    mesh: Mesh, *, axis: str = "fsdp", communication_size: int = 32 * MiB, layout: str = "row",
                    max_norm: float | None = None, dp_axis: str | None = None, return_grad_shards: bool = False,
-                   num_microbatches: int = 1, defer_sync: bool = True, reduce_scatter: str = "auto") -> FsdpStep:
+                   num_microbatches: int = 1, defer_sync: bool = True, reduce_scatter: str = "auto",
+                   order: Sequence[str] | None = None) -> FsdpStep:
     """Build an FSDP step that realises ``plan_shards(plan_buckets(spec, communication_size), N, layout)``.
 
     Args:
         loss_fn: ``loss_fn(params, local_batch) -> scalar``, the mean loss of a local batch.
         params: The parameter pytree (arrays or ``jax.ShapeDtypeStruct``), planned in
-            ``jax.tree_util`` order; later calls must pass the same structure, shapes, dtypes.
+            ``jax.tree_util`` order unless ``order`` is given; later calls must pass the same structure, shapes,
+            dtypes.
         optimizer: An elementwise optax transformation (see the module docstring).
         mesh: 1-D mesh ``(axis,)``, or 2-D ``(dp_axis, axis)`` for HSDP.
         axis: The sharding axis; N = ``mesh.shape[axis]``.
@@ -238,15 +242,20 @@ def make_fsdp_step(loss_fn: Callable[[Any, Any], jax.Array], params: Any, optimi
             its rank, then a local sum: on CPU over gloo 2.3x faster than XLA's, see
             :func:`~workbench.adapters.jax.step_base.reduce_scatter_rows`). Counted as a
             reduce-scatter either way; the step's ``reduce_scatter`` attribute says which ran.
+        order: The parameters' paths (``spec_from_jax``'s) in the model's own order, which the buckets are
+            planned over, as MLX plans a model's ``trainable_parameters()`` (its forward order), and as the
+            strategy records count. Default: ``jax.tree_util`` order (a dict's keys sorted), which can cut
+            buckets elsewhere and so issue another number of collectives than the model's order.
 
     Raises:
         ValueError: for an unknown axis, layout or reduce_scatter, an invalid ``num_microbatches`` or
-            ``defer_sync``, or (``row``) an array whose size N does not divide, naming its
-            path and shape (from the planner).
+            ``defer_sync``, an ``order`` that is not the pytree's paths, or (``row``) an array whose size
+            N does not divide, naming its path and shape (from the planner).
     """
     return FsdpStep(loss_fn, params, optimizer, mesh, axis=axis, communication_size=communication_size, layout=layout,
                     max_norm=max_norm, dp_axis=dp_axis, return_grad_shards=return_grad_shards,
-                    num_microbatches=num_microbatches, defer_sync=defer_sync, reduce_scatter=reduce_scatter)
+                    num_microbatches=num_microbatches, defer_sync=defer_sync, reduce_scatter=reduce_scatter,
+                    order=order)
 
 
 class DdpStep(StepBase):

@@ -30,13 +30,16 @@ class PackedBucket(NamedTuple):
     dtype: str
 
 
-def packed_buckets(plan: ShardPlan) -> list[PackedBucket]:
+def packed_buckets(plan: ShardPlan, leaf_of: Sequence[int] | None = None) -> list[PackedBucket]:
+    """Each bucket of ``plan`` as the leaves it packs. ``leaf_of[i]``: the pytree leaf of the plan's
+    parameter ``i`` (where the plan was made in another order than ``jax.tree_util``'s; default: the same)."""
     bp, out = plan.buckets, []
     for b in range(bp.num_buckets):
         idx = [int(i) for i in bp.bucket(b)]
         ps = [bp.spec.params[i] for i in idx]
         assert len({p.dtype for p in ps}) == 1, "the planner never mixes dtypes in a bucket"
-        out.append(PackedBucket(tuple(idx), tuple(p.shape for p in ps), tuple(p.size for p in ps),
+        leaves = idx if leaf_of is None else [int(leaf_of[i]) for i in idx]
+        out.append(PackedBucket(tuple(leaves), tuple(p.shape for p in ps), tuple(p.size for p in ps),
                            tuple(int(plan.param_chunk_elems[i]) for i in idx), int(plan.bucket_chunk_elems[b]), ps[0].dtype))
     return out
 
@@ -144,6 +147,26 @@ def clip_leaves(leaves: list[jax.Array], norm: jax.Array, max_norm: float | None
         return leaves
     scale = jnp.minimum(max_norm / (norm + CLIP_EPS), 1.0)
     return [(g * scale).astype(g.dtype) for g in leaves]
+
+
+def planned_order(spec: ModelSpec, order: Sequence[str] | None) -> tuple[ModelSpec, list[int] | None]:
+    """``spec`` (a pytree's, in ``jax.tree_util`` order) in the model's ``order`` of paths, which buckets are
+    planned over (MLX's ``fsdp_apply_gradients`` buckets the model's own order), and each planned
+    parameter's leaf index; ``(spec, None)`` where no order is given.
+
+    Raises:
+        ValueError: ``order`` is not the pytree's paths, each once, naming what is missing or extra.
+    """
+    if order is None:
+        return spec, None
+    where = {p.path: i for i, p in enumerate(spec.params)}
+    order = list(order)
+    missing, extra = sorted(set(where) - set(order)), sorted(set(order) - set(where))
+    if missing or extra or len(order) != len(where):
+        raise ValueError(f"order must name each parameter of the pytree once: missing {missing[:5]}, "
+                         f"not in the pytree {extra[:5]}, {len(order)} paths for {len(where)} leaves.")
+    leaf_of = [where[path] for path in order]
+    return ModelSpec(spec.name, tuple(spec.params[i] for i in leaf_of)), leaf_of
 
 
 class StepBase:
