@@ -180,7 +180,10 @@ def fig_shard_map(plans: Mapping[str, ShardPlan], bucket: int = 0, *, rank: int 
                 hovertemplate="rank %{customdata[2]}<br>padding, local [%{customdata[0]}, %{customdata[1]})<extra></extra>",
             ))
         axis = "yaxis" + yref[1:]
-        layout[axis].update(tickvals=list(range(len(ranks))), autorange="reversed",
+        # Rank 0 at the top by an explicit reversed range, not autorange="reversed": plotly.js turns that into
+        # autorange=true with the reversal kept only in its computed range, which a live widget's next update
+        # lost (issue 29 item 2: after a model change rank 1023 was drawn at the top, and stayed there).
+        layout[axis].update(tickvals=list(range(len(ranks))), autorange=False, range=[len(ranks) - 0.5, -0.5],
                             ticktext=[f"<b>{r}</b>" if r == rank and r not in usual else str(r) for r in ranks.tolist()])
         layout["xaxis" + xref[1:]].update(title=dict(text="element offset in the rank's shard"))
         for gap in np.flatnonzero(np.diff(ranks) > 1):
