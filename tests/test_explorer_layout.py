@@ -2,9 +2,12 @@
 layout and data after each control change, the widths of figures and controls, the busy cue around a
 redraw, and the memory explorer's labels, capacity line and largest micro-batch that fits."""
 
+import re
+
+import ipywidgets as widgets
 import pytest
 
-from workbench.core.presets import get_preset
+from workbench.estimate.grid import estimate_breakdowns
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -44,3 +47,124 @@ def test_shard_map_keeps_rank_0_at_the_top_after_every_control():
         c[name].value = value
         assert explorer.status.value.startswith(("llama", "mixtral", "tiny")), (name, explorer.status.value)
         assert_rank_0_on_top(explorer, f"{name}={value}")
+
+
+def _explorers():
+    from workbench.core.units import MiB
+    from workbench.views.memory_explorer import build_memory_explorer
+    from workbench.views.widgets import build_layout_explorer
+
+    return [build_layout_explorer("llama-3-8b", communication_size=32 * MiB, num_shards=8),
+            build_memory_explorer("llama-3-8b", num_shards=(8, 512))]
+
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+def _px(value) -> float | None:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)px\s*", str(value or ""))
+    return float(match.group(1)) if match else None
+
+
+#: JupyterLab's output area at a 1024 px window with the file browser open (the review's screenshots).
+NARROW_PX = 620
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["layout", "memory"])
+def test_explorer_figures_and_controls_follow_the_notebook_width(which):
+    """Issue 29 item 3: at 1024 px, fixed 940 px figures were clipped and 440 px sliders side by side shrank
+    to their handles. Each explorer holds a width probe; once the browser reports the notebook's width every
+    figure takes it, no control is fixed wider than a narrow notebook, and rows of controls wrap."""
+    explorer = _explorers()[which]
+    probe = explorer.probe
+    figures = list(explorer.figures.values()) if which == 0 else [explorer.figure]
+    probe.width = NARROW_PX  # what the browser's ResizeObserver reports at a 1024 px window
+    for fw in figures:
+        assert fw.layout.width is not None and fw.layout.width <= NARROW_PX, fw.layout.width
+        assert fw.layout.width >= NARROW_PX - 2 * probe.MARGIN_PX
+    probe.width = 1200  # a wide window: the figures grow with it
+    assert all(fw.layout.width >= 1200 - 2 * probe.MARGIN_PX for fw in figures)
+    for widget in _walk(explorer):
+        for key in ("width", "min_width", "flex"):
+            value = getattr(widget.layout, key, None)
+            basis = _px(value.split()[-1]) if key == "flex" and value else _px(value)
+            assert basis is None or basis <= NARROW_PX * 0.6, (type(widget).__name__, key, value)
+        if isinstance(widget, widgets.HBox) and widget is not explorer:
+            assert widget.layout.flex_flow == "row wrap", [type(c).__name__ for c in widget.children]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["layout", "memory"])
+def test_a_model_change_shows_busy_before_the_redraw_and_clears_it_after(which):
+    """Issue 29 item 4: nothing said a model change was being worked on (4.6 s of nothing after picking
+    qwen3-30b-a3b). The explorer carries the busy class and the status reads "updating…" before its first
+    figure message goes out, and neither is left once the last has."""
+    from workbench.views.widget_sync import BUSY_CLASS, BUSY_TEXT
+
+    explorer = _explorers()[which]
+    figures = list(explorer.figures.values()) if which == 0 else [explorer.figure]
+    seen = []
+    explorer.observe(lambda c: seen.append(("busy", BUSY_CLASS in c["new"])), names="_dom_classes")
+    explorer.status.observe(lambda c: seen.append(("status", c["new"])), names="value")
+    for fw in figures:
+        fw.observe(lambda c: c["new"] is not None and seen.append(("figure", None)),
+                   names=["_py2js_update", "_py2js_relayout", "_py2js_restyle", "_py2js_addTraces",
+                          "_py2js_deleteTraces"])
+    explorer.controls["model"].value = "qwen3-4b"
+    kinds = [kind for kind, _ in seen]
+    assert seen[0] == ("busy", True) and seen[1] == ("status", BUSY_TEXT), seen[:3]
+    assert "figure" in kinds, seen
+    last_figure = len(kinds) - 1 - kinds[::-1].index("figure")
+    assert ("busy", False) in seen[last_figure:], seen[-3:]
+    assert BUSY_CLASS not in explorer._dom_classes and explorer.status.value.startswith(("qwen3-4b", "N="))
+
+
+def test_memory_explorer_labels_every_n_and_its_peaks_on_their_bars():
+    """Issue 29 item 5 (labels): over N = 1..1024 plotly labelled every other category, so the N labels
+    alternated between strategy groups; the peak numbers leaned onto the next bar and read "1.81e+06 GB"."""
+    from workbench.views.memory_explorer import build_memory_explorer
+
+    explorer = build_memory_explorer("llama-3-70b", param_dtype="float32", master_dtype=None,
+                                     update_copies="parameters_and_state", micro_batch_size=64, seq_len=32768,
+                                     num_shards=(1, 1024))
+    fw = explorer.figure
+    assert fw.layout.xaxis.nticks >= len(explorer.estimates) == 55  # every category labelled
+    for trace in fw.data:
+        if trace.name.startswith("peak"):
+            assert trace.textposition == "top center"  # on its own bar
+            shown = [(text, n) for text, n in zip(trace.text, trace.x[1]) if text]
+            assert shown and all(n == "N=1024" for _, n in shown)
+            assert all(re.fullmatch(r"[\d,]+(\.\d+)? GB", text) and "e+" not in text for text, _ in shown), shown
+
+
+def test_memory_explorer_draws_the_device_capacity_and_the_largest_micro_batch_that_fits():
+    """Issue 29 item 5: a capacity line at the device memory the user picks, the largest micro-batch that
+    fits each strategy (checked against the estimator at that size and one more), and a warning for
+    361,318 GB per rank."""
+    from workbench.views.memory_explorer import build_memory_explorer, largest_micro_batch
+
+    explorer = build_memory_explorer("llama-3-8b", num_shards=(8, 512), device_memory_gb=80)
+    line = [s for s in explorer.figure.layout.shapes if s.name == "capacity"]
+    assert len(line) == 1 and line[0].y0 == line[0].y1 == pytest.approx(80)
+    text = explorer.capacity.value
+    assert "Largest micro-batch that fits 80 GB at N=512" in text
+    for e in [e for e in explorer.estimates if e.num_shards == 512]:
+        b = largest_micro_batch(e, 1, 80e9)
+        assert f"{e.strategy} {b if b else 'none'}" in text
+        at = lambda size: estimate_breakdowns("llama-3-8b", [e.strategy], [512], micro_batch_size=size)[0].total_bytes
+        if b:
+            assert at(b) <= 80e9 < at(b + 1), (e.strategy, b)
+        else:
+            assert at(1) > 80e9, e.strategy
+    assert "Does not fit" in text and "ddp needs 159 GB" in text  # DDP's 159 GB on an 80 GB device
+    explorer.controls["device_memory"].value = 192e9
+    assert explorer.figure.layout.shapes[-1].y0 == pytest.approx(192) and "Does not fit" not in explorer.capacity.value
+    assert explorer.code_line().endswith("device_memory_gb=192)")
+    huge = build_memory_explorer("llama-3-70b", param_dtype="float32", master_dtype=None,
+                                 update_copies="parameters_and_state", micro_batch_size=64, seq_len=32768,
+                                 num_shards=(1, 1024))
+    assert "Does not fit" in huge.capacity.value and "× the device" in huge.capacity.value
+    with pytest.raises(ValueError, match="device_memory_gb"):
+        build_memory_explorer("gpt2", device_memory_gb=81)

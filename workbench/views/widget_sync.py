@@ -2,16 +2,21 @@
 
 :func:`sync_figure_widget` compares figure JSON (:func:`widget_json`, typed arrays decoded by
 :func:`decode_typed_array`) with what the widget shows and sends one ``Plotly.update``; otherwise
-:func:`update_figure_widget` replaces everything.
+:func:`update_figure_widget` replaces everything. An explorer's figures follow the notebook's width (:class:`WidthProbe`) and
+show a busy cue while they redraw (:func:`busy`).
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
+import anywidget
+import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
+import traitlets
 
 
 def decode_typed_array(spec: dict) -> np.ndarray:
@@ -121,3 +126,61 @@ def sync_figure_widget(fw: go.FigureWidget, fig: go.Figure, shown: dict | None,
             if layout:
                 fw.update_layout(layout, overwrite=True)
     return new
+
+
+#: Class an explorer carries while it recomputes and redraws (:func:`busy`); the probe's CSS dims its figures.
+BUSY_CLASS = "workbench-busy"
+#: What the status line says from a control's event until the explorer has redrawn.
+BUSY_TEXT = "<i>updating…</i>"
+
+
+class WidthProbe(anywidget.AnyWidget):
+    """A strip of no height as wide as the explorer that holds it: the browser reports its width in pixels
+    (``width``, 0 until drawn), so that figures follow the notebook's width (issue 29 item 3: fixed 940 px
+    figures were clipped at a 1024 px window). It also carries the CSS of the busy cue (:data:`BUSY_CLASS`)."""
+
+    _esm = """
+export default { render({ model, el }) {
+  el.style.width = "100%"; el.style.height = "0px";
+  let timer = null;
+  const send = () => { const w = Math.floor(el.getBoundingClientRect().width);
+    if (w > 0 && w !== model.get("width")) { model.set("width", w); model.save_changes(); } };
+  const seen = new ResizeObserver(() => { clearTimeout(timer); timer = setTimeout(send, 120); });
+  seen.observe(el);
+  return () => { seen.disconnect(); clearTimeout(timer); };
+} };"""
+    _css = f".{BUSY_CLASS} .js-plotly-plot {{ opacity: 0.45; transition: opacity 60ms; }}"
+    width = traitlets.Int(0).tag(sync=True)
+
+    #: Pixels kept free right of a figure (rounding, a border); the narrowest width a figure is given.
+    MARGIN_PX, MIN_PX = 8, 320
+
+    def figure_width(self, default: int) -> int:
+        """Pixels for a figure: the reported width less :attr:`MARGIN_PX` (at least :attr:`MIN_PX`), or
+        ``default`` before the browser has reported one (a figure drawn before it is attached otherwise
+        takes plotly's 700 px)."""
+        return max(self.width - self.MARGIN_PX, self.MIN_PX) if self.width else default
+
+
+def wrapping_row(children: Sequence[widgets.Widget], **layout) -> widgets.HBox:
+    """A row of controls that wraps onto the next line when the notebook is narrow, rather than
+    squeezing sliders down to their handles."""
+    return widgets.HBox(list(children), layout=widgets.Layout(flex_flow="row wrap", **layout))
+
+
+def slider_layout() -> widgets.Layout:
+    """A slider's width: a share of its row between 280 and 480 px, never a fixed width wider than the notebook."""
+    return widgets.Layout(flex="1 1 360px", min_width="280px", max_width="480px", width="auto")
+
+
+@contextlib.contextmanager
+def busy(box: widgets.Box, status: widgets.HTML) -> Iterator[None]:
+    """Mark ``box`` busy (:data:`BUSY_CLASS`; its status line reads :data:`BUSY_TEXT`) while the body
+    recomputes and redraws: the reader sees at once that a change was taken (issue 29 item 4). The body
+    sets the status line's final text; the class is removed whatever happens."""
+    box.add_class(BUSY_CLASS)
+    status.value = BUSY_TEXT
+    try:
+        yield
+    finally:
+        box.remove_class(BUSY_CLASS)

@@ -26,7 +26,7 @@ from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import fig_rank_load, fig_shard_map
 from workbench.views.style import TEMPLATE
-from workbench.views.widget_sync import sync_figure_widget
+from workbench.views.widget_sync import WidthProbe, busy, slider_layout, sync_figure_widget, wrapping_row
 from workbench.views.tables import layout_metrics_html
 
 #: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
@@ -39,8 +39,9 @@ FIGURES = ("bucket_layout", "shard_map", "rank_load")
 #: the bucket layout has a bar trace per parameter kind present and up to two line/marker traces, so another
 #: model is one ``Plotly.update`` rather than a replacement of every trace (three redraws).
 SLOTS = {"bucket_layout": (("bar", len(PARAM_KINDS)), ("scatter", 2))}
-#: Width of an explorer's figures in pixels: JupyterLab's output area at a 1400 px window is 968 px, and
-#: a FigureWidget drawn before it is attached otherwise keeps plotly's default 700 px.
+#: Width of an explorer's figures in pixels until the browser reports the notebook's (:class:`WidthProbe`):
+#: JupyterLab's output area at a 1400 px window is 968 px, and a FigureWidget drawn before it is attached
+#: otherwise keeps plotly's default 700 px. A stored page, with no kernel, keeps it.
 FIGURE_WIDTH = 940
 #: Links the cost line can assume (Hockney alpha-beta: latency per ring step, bandwidth per rank). These are
 #: round, typical figures, not measurements: fit your own with :func:`workbench.estimate.comm.fit_alpha_beta`.
@@ -107,10 +108,10 @@ class LayoutExplorer(widgets.VBox):
             "policy": widgets.Dropdown(options=list(POLICIES), value=policy, description="policy", **wide),
             "communication_size": widgets.SelectionSlider(
                 options=[(_size_label(s), s) for s in sizes], value=communication_size,
-                description="communication_size", continuous_update=False, layout=widgets.Layout(width="440px"), **wide),
+                description="communication_size", continuous_update=False, layout=slider_layout(), **wide),
             "num_shards": widgets.SelectionSlider(
                 options=[(str(n), n) for n in shards], value=num_shards, description="num_shards (N)",
-                continuous_update=False, layout=widgets.Layout(width="440px"), **wide),
+                continuous_update=False, layout=slider_layout(), **wide),
             # Three fixed-width buttons on one line (they wrapped, leaving "greedy" alone on a row).
             "layout": widgets.ToggleButtons(options=list(LAYOUTS), value=layout, description="layout",
                                             style={"description_width": "initial", "button_width": "72px"},
@@ -127,7 +128,10 @@ class LayoutExplorer(widgets.VBox):
         self.figures: dict[str, go.FigureWidget] = {
             name: go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH)) for name in FIGURES
         }
-        self.status, self.cost, self.inspector, self.code, self.metrics = (widgets.HTML() for _ in range(5))
+        self.status, self.cost, self.code = (widgets.HTML() for _ in range(3))
+        # A table wider than the notebook scrolls sideways rather than losing its right columns.
+        self.inspector, self.metrics = (widgets.HTML(layout=widgets.Layout(overflow="auto")) for _ in range(2))
+        self.probe = WidthProbe()  # the figures follow the notebook's width
         self.bucket_plan: BucketPlan | None = None
         self.shard_plans: dict[str, ShardPlan] = {}
         self._shown: dict[str, dict | None] = {name: None for name in FIGURES}  # what each FigureWidget holds
@@ -136,15 +140,16 @@ class LayoutExplorer(widgets.VBox):
         self._wanted = dict(bucket=bucket, rank=rank)
         c = self.controls
         self.children = [
-            widgets.HBox([c["model"], c["policy"]]),
-            widgets.HBox([c["layout"], c["pad_rows"]], layout=widgets.Layout(align_items="center")),
-            widgets.HBox([c["communication_size"], c["num_shards"]]),
-            widgets.HBox([c["bucket"], c["rank"], c["link"]]),
+            self.probe, wrapping_row([c["model"], c["policy"]]),
+            wrapping_row([c["layout"], c["pad_rows"]], align_items="center"),
+            wrapping_row([c["communication_size"], c["num_shards"]]),
+            wrapping_row([c["bucket"], c["rank"], c["link"]]),
             self.status, self.cost, self.code,
             *(self.figures[name] for name in FIGURES[:2]), self.inspector, self.metrics, self.figures["rank_load"],
         ]
         for control in c.values():
             control.observe(self._on_change, names="value")
+        self.probe.observe(self._on_change, names="width")
         self.update()
 
     def _spec(self, model: ModelSpec | str) -> ModelSpec:
@@ -199,13 +204,18 @@ class LayoutExplorer(widgets.VBox):
                 f"rank={v['rank']})")
 
     def update(self) -> bool:
-        """Recompute the plans and every figure from the controls.
+        """Recompute the plans and every figure from the controls, the explorer marked busy meanwhile
+        (:func:`~workbench.views.widget_sync.busy`).
 
         Returns:
             ``True`` on success. On a ``ValueError`` (say a row layout of an array whose
             size N does not divide) the status line shows the message, the figures keep
             the last valid settings, and the result is ``False``.
         """
+        with busy(self, self.status):
+            return self._update()
+
+    def _update(self) -> bool:
         values = {name: control.value for name, control in self.controls.items()}
         if self._wanted:  # the first draw: the bucket and rank asked for, once their maxima are known
             values.update(self._wanted)
@@ -238,7 +248,7 @@ class LayoutExplorer(widgets.VBox):
             return False
         self._wanted = {}
         for name, fig in new.items():
-            fig.layout.width = min(FIGURE_WIDTH, fig.layout.width or FIGURE_WIDTH)
+            fig.layout.width = self.probe.figure_width(FIGURE_WIDTH)
             self._shown[name] = sync_figure_widget(self.figures[name], fig, self._shown[name], SLOTS.get(name, ()))
         self.bucket_plan, self.shard_plans = bucket_plan, plans
         self._syncing = True
