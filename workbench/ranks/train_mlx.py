@@ -74,7 +74,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
         elif record.gathers_units:  # ZeRO-3: one unit per transformer block, plus the root
             trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=record.reshard_after_forward,
                                          **accum)
-        else:  # DDP, or MLX's FSDP step in the record's layout
+        else:  # DDP, or MLX's FSDP step in the record's layout, its state resident in the buckets (ResidentFsdp)
             trainer = make_trainer(model, opt, group, strategy=record.name,
                                    communication_size=spec.communication_size, **accum)
         # The trainer evaluates every micro-batch's backward before its sync starts (deferred: before the

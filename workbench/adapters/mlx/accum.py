@@ -12,9 +12,11 @@ full sharding, every unit's gathered weights for the whole step; the per-micro-b
 accumulator is this rank's 1/N. DDP's is full in both modes. Accumulation is in the
 gradient's dtype.
 
-DDP and FSDP are built on :func:`~workbench.adapters.mlx.fsdp.ddp_apply_gradients`,
-:func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients` (deferred) and
-:func:`~workbench.adapters.mlx.fsdp.shard_gradients` (per micro-batch); full sharding is
+DDP is built on :func:`~workbench.adapters.mlx.fsdp.ddp_apply_gradients`. FSDP keeps its state resident in
+the bucket layout for the run (issue 30: :class:`~workbench.adapters.mlx.resident.ResidentFsdp`, each bucket's
+master shard and optimizer state; no parameter rows cut per step), fp32 bit-identical to
+:func:`~workbench.adapters.mlx.fsdp.fsdp_apply_gradients`: deferred, its ``step``; per micro-batch,
+:func:`~workbench.adapters.mlx.fsdp.shard_gradients` every micro-batch and its ``apply_shards``. Full sharding is
 :mod:`workbench.adapters.mlx.zero3_trainer`, on the pieces here (micro-batches, :class:`PhasedTrainer`).
 """
 
@@ -27,14 +29,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from workbench.adapters.mlx.agree import agree_on_step
-from workbench.adapters.mlx.fsdp import (
-    apply_gradient_shards,
-    clip_by_global_norm,
-    ddp_apply_gradients,
-    fsdp_apply_gradients,
-    shard_gradients,
-)
+from workbench.adapters.mlx.fsdp import clip_by_global_norm, ddp_apply_gradients, shard_gradients
+from workbench.adapters.mlx.resident import ResidentFsdp
 from workbench.adapters.mlx.rows import get_plan
 from workbench.adapters.mlx.transport import (
     REDUCE_SCATTER_TRANSPORTS,
@@ -121,7 +117,18 @@ class AccumTrainer(PhasedTrainer):
         self.num_microbatches, self.defer_sync, self.max_norm = num_microbatches, defer_sync, max_norm
         self.communication_size, self.layout = communication_size, layout
         self.transport = resolve_transport(group, reduce_scatter)
+        self.resident: ResidentFsdp | None = None  # FSDP: the state kept in the bucket layout, from the first step
         self.report: dict = {}
+
+    def _resident_state(self, params_flat: list) -> tuple[ResidentFsdp, float | None]:
+        """FSDP's resident state for the model's parameters, and the seconds of the ranks' plan check if this
+        call made it: the state kept from the last step while the model holds the arrays it handed out, else
+        (the first step, or a model changed from outside) a new one cut from the model."""
+        if self.resident is not None and self.resident.holds(params_flat):
+            return self.resident, None
+        self.resident = ResidentFsdp(tree_unflatten(params_flat), self.optimizer, self.group,
+                                     self.communication_size, self.layout, self.max_norm, reduce_scatter=self.transport)
+        return self.resident, self.resident.rank_check_s
 
     def step(self, loss_fn: Callable, *batch: mx.array) -> tuple[mx.array, mx.array | None]:
         """One optimizer step over ``batch`` (this rank's part), split into G micro-batches.
@@ -138,11 +145,12 @@ class AccumTrainer(PhasedTrainer):
         micro_batches = split_microbatches(batch, g)
         per_micro = g > 1 and not self.defer_sync
         params = model.trainable_parameters()
-        plan = get_plan(tree_flatten(params), self.communication_size, n, self.layout)
         ddp = self.record.family == "data_parallel"
-        checks = None if ddp else agree_on_step(  # once per plan (fsdp_apply_gradients's own
-            self.group, plan, tree_flatten(params), layout=self.layout,  # check then finds it done)
-            communication_size=self.communication_size, max_norm=self.max_norm, transport=self.transport)
+        if ddp:
+            plan, checks = get_plan(tree_flatten(params), self.communication_size, n, self.layout), None
+        else:  # the ranks check their plan as the resident state is first cut (once per plan)
+            resident, checks = self._resident_state(tree_flatten(params))
+            plan = resident.plan
         value_and_grad, scale = nn.value_and_grad(model, loss_fn), 1.0 / g
         if ddp:
             sync = (lambda gr: nn.average_gradients(gr, group=self.group, all_reduce_size=self.communication_size)) \
@@ -167,17 +175,14 @@ class AccumTrainer(PhasedTrainer):
             self._phase("accumulated")
             t_acc = time.perf_counter()
             shards = {k: v * scale for k, v in acc.items()}
-            del acc  # apply_gradient_shards releases each bucket's shard once gathered
-            updated, norm = apply_gradient_shards(shards, tree_flatten(params), plan, self.optimizer, self.group,
-                                                  self.max_norm)
-            new = tree_unflatten(updated)
-        else:  # deferred: accumulate full local gradients, then the ordinary FSDP step once
+            del acc  # apply_shards releases each bucket's shard once gathered
+            new, norm = resident.apply_shards(shards)
+        else:  # deferred: accumulate full local gradients, then the resident FSDP step once
             loss, acc, sync_s = accumulate_microbatches(value_and_grad, model, micro_batches, None)
             self._phase("accumulated")
             t_acc = time.perf_counter()
             acc = tree_map(lambda a: a * scale, acc) if g > 1 else acc
-            res = fsdp_apply_gradients(acc, params, self.optimizer, self.group, None, self.communication_size,
-                                       None, self.max_norm, self.layout, reduce_scatter=self.transport)
+            res = resident.step(acc)
             new, norm = res if self.max_norm is not None else (res, None)
         model.update(new)
         mx.eval(model.parameters(), self.optimizer.state, loss, *([norm] if norm is not None else []))

@@ -84,6 +84,13 @@ class ResidentFsdp:
         """The full parameter tree: views of the gathered buffers (the initial arrays before the first step)."""
         return tree_unflatten(list(self._flat))
 
+    def holds(self, parameters_flat: list[tuple[str, mx.array]]) -> bool:
+        """Whether ``parameters_flat`` (``tree_flatten`` of the model's parameters) are the very arrays this
+        state last handed out, so its master shards are theirs: False once the model was changed from outside
+        (loaded, updated by other code), and the caller should cut a new state from the model."""
+        return len(parameters_flat) == len(self._flat) and all(
+            k == k2 and a is b for (k, a), (k2, b) in zip(parameters_flat, self._flat))
+
     def step(self, gradients: Any):
         """One optimizer step on the full local ``gradients`` (same tree as the parameters).
 
@@ -95,11 +102,31 @@ class ResidentFsdp:
         check_trees(grads_flat, self._flat)
         grad_shards = shard_gradients(grads_flat, self.plan, self.group, None, self.transport, self.stream)
         del grads_flat
+        tree, norm = self.apply_shards(grad_shards)
+        return tree if self.max_norm is None else (tree, norm)
+
+    def apply_shards(self, grad_shards: dict[str, mx.array]) -> tuple[Any, mx.array | None]:
+        """The step after the reduce-scatter: ``grad_shards`` (``{str(bucket): 1-D shard of c elements}``, this
+        rank's part of the averaged gradient, as :func:`~workbench.adapters.mlx.fsdp.shard_gradients` returns
+        it, or summed over micro-batches) clipped, the optimizer on the master shards, every bucket gathered.
+
+        ``grad_shards`` is emptied (its shards released as the update consumes them).
+
+        Returns:
+            ``(tree, grad_norm)``: the new parameter tree and the global norm before clipping (None without
+            ``max_norm``).
+        """
+        if sorted(grad_shards) != sorted(self.shards):
+            raise ValueError(f"grad_shards must have one shard per bucket of the plan ({sorted(self.shards)}), "
+                             f"got {sorted(grad_shards)}.")
         norm = None
         if self.max_norm is not None:
-            grad_shards, norm = clip_by_global_norm(grad_shards, self.max_norm, self.group, self.stream)
+            clipped, norm = clip_by_global_norm(grad_shards, self.max_norm, self.group, self.stream)
+            grad_shards.clear()
+            grad_shards.update(clipped)
+            del clipped
         new = dict(self.optimizer.apply_gradients(grad_shards, self.shards))  # one apply_single per bucket shard
-        del grad_shards
+        grad_shards.clear()
         arrays, bp = [a for _, a in self._flat], self.plan.buckets
         for b in range(bp.num_buckets):
             # As fsdp_apply_gradients: each bucket's update evaluated before its all-gather is posted (the ring
@@ -111,5 +138,4 @@ class ResidentFsdp:
             mx.eval(views)
             for i, view in zip(bp.bucket(b).tolist(), views):
                 self._flat[i] = (self._flat[i][0], view)
-        tree = self.parameters()
-        return tree if norm is None else (tree, norm)
+        return self.parameters(), norm
