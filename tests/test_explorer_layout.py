@@ -168,3 +168,39 @@ def test_memory_explorer_draws_the_device_capacity_and_the_largest_micro_batch_t
     assert "Does not fit" in huge.capacity.value and "× the device" in huge.capacity.value
     with pytest.raises(ValueError, match="device_memory_gb"):
         build_memory_explorer("gpt2", device_memory_gb=81)
+
+
+def test_a_model_change_redraws_each_figure_once():
+    """Issue 29 item 4: a model change took up to 2.5 s to redraw in the browser: a figure whose trace count
+    changed was emptied, relaid and refilled (three redraws). With slots for every trace, each figure of the
+    layout explorer gets one ``Plotly.update`` per model change, either way."""
+    from workbench.core.units import MiB
+    from workbench.views.widgets import build_layout_explorer
+
+    explorer = build_layout_explorer("llama-3-8b", communication_size=32 * MiB, num_shards=16, bucket=3)
+    sent = {name: [] for name in explorer.figures}
+    for name, fw in explorer.figures.items():
+        fw.observe(lambda c, name=name: c["new"] is not None and sent[name].append(c["name"][7:]),
+                   names=["_py2js_update", "_py2js_relayout", "_py2js_restyle", "_py2js_addTraces",
+                          "_py2js_deleteTraces"])
+    shown = []
+    for model in ("mixtral-8x7b", "gpt2", "llama-3-8b"):  # 4, 18 and 2 bar traces in bucket 3's shard map
+        explorer.controls["model"].value = model
+        assert "Error" not in explorer.status.value, explorer.status.value
+        shown.append(sum(t.visible is not False for t in explorer.figures["shard_map"].data))
+    assert shown == [4, 18, 2] and sent == {name: ["update"] * 3 for name in explorer.figures}, (shown, sent)
+
+
+def test_rank_inspector_html_stops_at_its_row_cap_and_says_how_many_more():
+    """Issue 29 item 4: a rank of qwen3-30b-a3b's 18,868 arrays was 4.8 MB of HTML on every model change.
+    The table holds at most MAX_HTML_ROWS rows and says how many more the full table lists."""
+    from workbench import ModelSpec, plan_buckets, plan_shards
+    from workbench.views.rank_inspector import MAX_HTML_ROWS, rank_inspector_html, rank_slices_table
+
+    spec = ModelSpec.from_shapes({f"layers.{i}.weight": (4, 8) for i in range(MAX_HTML_ROWS + 234)}, name="many")
+    plan = plan_shards(plan_buckets(spec, 1 << 20), 2, "row")
+    page = rank_inspector_html(plan, 1)
+    assert len(rank_slices_table(plan, 1)) == MAX_HTML_ROWS + 234
+    assert page.count("<tr>") == MAX_HTML_ROWS + 2  # the header, the rows, the note
+    assert "… and 234 more slices: rank_slices_table(plan, 1) lists every one" in page
+    assert f"rank 1 of 2 (row): {MAX_HTML_ROWS + 234:,} slices" in page

@@ -16,8 +16,12 @@ from workbench.core.units import format_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-#: Rows of the inspector's HTML table before it scrolls (the table always holds every row).
+#: Rows of the inspector's HTML table before it scrolls.
 VISIBLE_ROWS = 12
+#: Rows the HTML table holds at most (Llama-3-70B's 723 arrays fit); past it a last row says how many more
+#: :func:`rank_slices_table` lists. A rank of qwen3-30b-a3b's 18,868 arrays was 4.8 MB of HTML per model
+#: change, seconds for a browser to lay out (issue 29 item 4).
+MAX_HTML_ROWS = 1000
 
 
 def rank_slices_table(plan: ShardPlan, rank: int) -> "pd.DataFrame":
@@ -43,14 +47,16 @@ def rank_slices_table(plan: ShardPlan, rank: int) -> "pd.DataFrame":
 def rank_summary(plan: ShardPlan, rank: int, table: "pd.DataFrame | None" = None) -> str:
     """One line: how many slices in how many buckets, the bytes owned, and the padding, of one rank."""
     table = rank_slices_table(plan, rank) if table is None else table
-    return (f"rank {rank} of {plan.num_shards} ({plan.layout}): {len(table)} slices in {table.bucket.nunique()} of "
-            f"{plan.buckets.num_buckets} buckets, {format_bytes(int(table.bytes.sum()))} owned + "
+    return (f"rank {rank} of {plan.num_shards} ({plan.layout}): {len(table):,} slices in {table.bucket.nunique():,} of "
+            f"{plan.buckets.num_buckets:,} buckets, {format_bytes(int(table.bytes.sum()))} owned + "
             f"{format_bytes(int(plan.rank_padding_bytes[rank]))} padding")
 
 
 def rank_inspector_html(plan: ShardPlan, rank: int) -> str:
-    """The summary line and every slice as an HTML table that scrolls past :data:`VISIBLE_ROWS` rows."""
+    """The summary line and every slice (at most :data:`MAX_HTML_ROWS`) as an HTML table that scrolls past
+    :data:`VISIBLE_ROWS` rows."""
     table = rank_slices_table(plan, rank)
+    more = len(table) - MAX_HTML_ROWS
     head = "".join(f"<th style='text-align:{a};padding:2px 10px'>{h}</th>" for h, a in
                    (("bucket", "right"), ("array", "left"), ("elements [start, stop)", "left"), ("bytes", "right")))
     body = "".join(
@@ -58,7 +64,10 @@ def rank_inspector_html(plan: ShardPlan, rank: int) -> str:
         f"<td style='padding:1px 10px'>{html.escape(r.array)}</td>"
         f"<td style='padding:1px 10px'>[{r.start:,}, {r.stop:,})</td>"
         f"<td style='text-align:right;padding:1px 10px'>{format_bytes(int(r.bytes))}</td></tr>"
-        for r in table.itertuples())
+        for r in table.iloc[:MAX_HTML_ROWS].itertuples())
+    if more > 0:
+        body += (f"<tr><td colspan='4' style='padding:1px 10px'><i>… and {more:,} more slices: "
+                 f"rank_slices_table(plan, {rank}) lists every one</i></td></tr>")
     return (f"<div class='workbench-rank-inspector'><b>{html.escape(rank_summary(plan, rank, table))}</b>"
             f"<div style='max-height:{22 * (VISIBLE_ROWS + 1)}px;overflow-y:auto;border:1px solid #E8EEF5'>"
             f"<table style='border-collapse:collapse;font-size:12px'><thead style='background:#E8EEF5'>"

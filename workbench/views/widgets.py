@@ -24,7 +24,7 @@ from workbench.core.units import MiB, format_bytes, format_seconds
 from workbench.estimate.comm import AlphaBeta, estimate_comm
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
-from workbench.views.shard_map import fig_rank_load, fig_shard_map
+from workbench.views.shard_map import MAX_ARRAY_GROUPS, fig_rank_load, fig_shard_map
 from workbench.views.style import TEMPLATE
 from workbench.views.widget_sync import WidthProbe, busy, slider_layout, sync_figure_widget, wrapping_row
 from workbench.views.tables import layout_metrics_html
@@ -37,8 +37,9 @@ NUM_SHARDS = tuple(2**k for k in range(11))
 FIGURES = ("bucket_layout", "shard_map", "rank_load")
 #: Trace slots a figure widget reserves on its first draw (see :func:`~workbench.views.widget_sync.sync_figure_widget`):
 #: the bucket layout has a bar trace per parameter kind present and up to two line/marker traces, so another
-#: model is one ``Plotly.update`` rather than a replacement of every trace (three redraws).
-SLOTS = {"bucket_layout": (("bar", len(PARAM_KINDS)), ("scatter", 2))}
+#: model is one ``Plotly.update`` rather than a replacement of every trace (three redraws); the shard map has
+#: up to one bar trace per array group and one of padding in each of its two subplots.
+SLOTS = {"bucket_layout": (("bar", len(PARAM_KINDS)), ("scatter", 2)), "shard_map": (("bar", 2 * (MAX_ARRAY_GROUPS + 1)),)}
 #: Width of an explorer's figures in pixels until the browser reports the notebook's (:class:`WidthProbe`):
 #: JupyterLab's output area at a 1400 px window is 968 px, and a FigureWidget drawn before it is attached
 #: otherwise keeps plotly's default 700 px. A stored page, with no kernel, keeps it.
