@@ -3,7 +3,9 @@
 For each framework and rank count it first times the collectives on real engines (the collective benchmark,
 :func:`workbench.launch.benchmark.run_collective_benchmark`, sizes 4 KiB to 4 MiB, which span these models'
 buckets) and fits the alpha-beta links of this placement (loopback); it profiles each model once, on one
-process, with the threads a rank gets (:func:`workbench.launch.profile.profile_model`); then it runs every
+process, with the threads a rank gets, as many processes at once as a run has ranks on this host (its
+trainer's step timed too: the step's overhead, :attr:`workbench.runs.profile.ModelProfile.step_overhead_s`)
+(:func:`workbench.launch.profile.profile_model`); then it runs every
 (model, strategy) on real ranks and sets the measured step (slowest rank, median after the first step) beside
 :func:`workbench.runs.estimate.predict_run_step_time` term by term
 (:func:`workbench.runs.estimate.step_time_validation`: 10% target, the off term named where it misses), and
@@ -15,6 +17,7 @@ The machine's load is printed before and after: timings under load are not the m
 
     python3 benchmarks/bench_step_prediction.py [--root DIR] [--frameworks mlx,jax] [--ranks 2,4]
         [--strategies ddp,fsdp-row,fsdp-flat,fsdp-full] [--models lm,attention] [--steps 6] [--global-batch 16]
+        [--microbatches 1,2]
 """
 
 from __future__ import annotations
@@ -48,10 +51,11 @@ def load() -> str:
     return f"load {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
-def spec_of(framework: str, model: str, strategy: str, ranks: int, steps: int, global_batch: int) -> RunSpec:
+def spec_of(framework: str, model: str, strategy: str, ranks: int, steps: int, global_batch: int,
+            num_microbatches: int = 1) -> RunSpec:
     fields = {k: (v.format(fw=framework) if isinstance(v, str) else v) for k, v in MODELS[model].items()}
     return RunSpec(framework=framework, strategy=strategy, num_ranks=ranks, steps=steps, global_batch=global_batch,
-                   **fields)
+                   num_microbatches=num_microbatches, **fields)
 
 
 def main() -> None:
@@ -63,6 +67,7 @@ def main() -> None:
     parser.add_argument("--models", default="lm,attention")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument("--microbatches", default="1", help="G values, comma-separated (deferred sync)")
     args = parser.parse_args()
     root = Path(args.root or tempfile.mkdtemp(prefix="bench-step-prediction-"))
     frameworks, ranks = args.frameworks.split(","), [int(n) for n in args.ranks.split(",")]
@@ -77,12 +82,14 @@ def main() -> None:
     for fw in frameworks:
         for model in args.models.split(","):
             for n in ranks:
-                for strategy in args.strategies.split(","):
-                    spec = spec_of(fw, model, strategy, n, args.steps, args.global_batch)
+                for strategy, g in ((s, int(g)) for s in args.strategies.split(",") for g in args.microbatches.split(",")):
+                    spec = spec_of(fw, model, strategy, n, args.steps, args.global_batch, g)
                     profile = profile_model(spec, root)  # cached by the threads a rank of N gets
                     outcome = run_training(spec, root)
-                    print(f"{fw} {model} {strategy} N={n}: {outcome.status} (profile {profile.cost_s:.0f} s "
-                          f"when measured); {load()}", flush=True)
+                    over = profile.step_overhead_s
+                    print(f"{fw} {model} {strategy} N={n} G={g}: {outcome.status} (profile {profile.cost_s:.0f} s when "
+                          f"measured, {profile.co_runners} at once, compute {profile.compute_s_at(spec.micro_batch_size) * 1e3:.1f} "
+                          f"ms, step overhead {'-' if over is None else f'{over * 1e3:.1f} ms'}); {load()}", flush=True)
     loaded = load_runs(root)
     table = step_time_validation(loaded, lambda s: profile_model(RunSpec(**s), root), links)
     peaks = {}
@@ -96,10 +103,10 @@ def main() -> None:
     table["peak_predicted_mib"] = [peaks[r][0] for r in table.run_id]
     table["peak_measured_mib"] = [peaks[r][1] for r in table.run_id]
     pd.set_option("display.width", 250)
-    cols = ["framework", "model", "strategy", "num_ranks", "compute_ms", "update_ms", "comm_ms", "per_bucket_ms",
-            "predicted_ms", "measured_ms", "measured_sync_ms", "ratio", "off_term", "peak_predicted_mib",
+    cols = ["framework", "model", "strategy", "num_ranks", "num_microbatches", "compute_ms", "update_ms", "comm_ms", "per_bucket_ms",
+            "overhead_ms", "predicted_ms", "measured_ms", "measured_sync_ms", "ratio", "off_term", "peak_predicted_mib",
             "peak_measured_mib"]
-    out = table.sort_values(["framework", "model", "num_ranks", "strategy"])[cols]
+    out = table.sort_values(["framework", "model", "num_ranks", "strategy", "num_microbatches"])[cols]
     print(out.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print(f"within 10%: {int(table.within.sum())} of {len(table)}; after: {load()}; {time.monotonic() - t0:.0f} s")
 

@@ -7,9 +7,11 @@ import pytest
 
 from workbench.estimate.profile_fit import fit_from_dict, fit_linear
 from workbench.launch.plan import thread_env
-from workbench.launch.profile import default_micro_batch_sizes, profile_model
+from workbench.launch.profile import default_micro_batch_sizes, merge_co_runners, profile_model
+from workbench.ranks.profile_probe import wait_for_peers
 from workbench.runs.estimate import estimate_run_memory
 from workbench.runs.profile import (
+    PROFILE_VERSION,
     ProfileError,
     estimate_with_profile,
     load_profile,
@@ -109,12 +111,12 @@ def test_a_profile_keeps_the_forward_alone_and_the_machines_cores_and_reads_one_
 
 @pytest.mark.parametrize("text, why", [
     ("{not json", "cannot be read as JSON"),
-    ('{"version": 99}', "not a profile of version 1"),
-    ("[1, 2]", "not a profile of version 1"),
+    ('{"version": 99}', "not a profile of version 2"),
+    ("[1, 2]", "not a profile of version 2"),
 ])
 def test_a_corrupt_cache_file_is_an_error_naming_it_and_is_kept(tmp_path, text, why):
     spec = RunSpec(model=LM)
-    path = profile_path(tmp_path, profile_key_fields(spec, int(thread_env(2)["OMP_NUM_THREADS"])))
+    path = profile_path(tmp_path, profile_key_fields(spec, int(thread_env(2)["OMP_NUM_THREADS"]), 2))
     path.parent.mkdir(parents=True)
     path.write_text(text)
     with pytest.raises(ProfileError, match=why) as err:
@@ -196,3 +198,49 @@ def test_the_attention_example_is_one_model_in_both_frameworks():
     loss_m = mlx_loss(mlx_model, mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]))
     loss_j = jax_loss(nnx_flat_params(jax_model), (jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])))
     np.testing.assert_allclose(float(loss_m), float(loss_j), rtol=1e-5)
+
+
+def test_a_profile_keeps_the_trainers_step_and_its_overhead_beyond_the_parts_it_also_times(tmp_path):
+    fields = profile_key_fields(RunSpec(model=LM), 1, 2)
+    # steps 5, 7 and 4 ms over compute (medians 0.3, 0.5, 1.0 s) and update (2 ms): the overhead is the median, 5 ms
+    steps = [[0.307, 0.307], [0.509, 0.509], [1.006, 1.006]]
+    profile = profile_from_measurements(measured(step_s_samples=steps, co_runners=2), fields, cost_s=2.0)
+    assert profile.step_overhead_s == pytest.approx(0.005) and profile.co_runners == 2
+    assert profile_from_measurements(measured(), fields, cost_s=2.0).step_overhead_s is None  # JAX: not timed
+    faster = profile_from_measurements(measured(step_s_samples=[[0.1], [0.2], [0.3]]), fields, cost_s=2.0)
+    assert faster.step_overhead_s == 0.0  # a step timed faster than its parts (noise) is no negative overhead
+    path = save_profile(profile_path(tmp_path, fields), profile)
+    assert load_profile(path) == profile and json.loads(path.read_text())["step_overhead_s"] == pytest.approx(0.005)
+    with pytest.raises(ValueError, match="step_s_samples need one row for each of the sizes"):
+        profile_from_measurements(measured(step_s_samples=[[0.3]]), fields, cost_s=2.0)
+
+
+def test_the_key_holds_the_records_version_and_the_processes_that_measured_at_once():
+    """A profile stored by the code before the trainer's step was timed is never found under today's key: it is
+    measured again, not read as if it held the overhead (the old file is left where it was)."""
+    fields = profile_key_fields(RunSpec(model=LM), 1)
+    assert fields["profile_version"] == PROFILE_VERSION == 2 and fields["co_runners"] == 1
+    old = {k: v for k, v in fields.items() if k not in ("profile_version", "co_runners")}
+    assert profile_key(old) != profile_key(fields)
+    assert profile_key(profile_key_fields(RunSpec(model=LM), 1, 2)) != profile_key(fields)
+
+
+def test_what_processes_measured_at_once_is_one_measurement_with_every_processs_seconds():
+    one = measured(step_s_samples=[[1.0], [2.0], [3.0]], update_s=0.002, peak_rss_bytes=5)
+    two = measured(compute_s_samples=[[0.3], [0.6], [1.2]], step_s_samples=[[1.1], [2.1], [3.1]], update_s=0.004,
+                   activation_samples=[[1], [2], [3]], peak_rss_bytes=9)
+    merged = merge_co_runners([one, two])
+    assert merged["co_runners"] == 2 and merged["activation_samples"] == one["activation_samples"]
+    assert merged["compute_s_samples"] == [[0.2, 0.4, 0.3, 0.3], [0.5, 0.5, 0.6, 0.6], [1.0, 0.9, 1.1, 1.2]]
+    assert merged["step_s_samples"] == [[1.0, 1.1], [2.0, 2.1], [3.0, 3.1]] and merged.get("forward_s_samples") is None
+    assert merged["update_s"] == 0.004 and merged["peak_rss_bytes"] == 9
+    assert merge_co_runners([one]) == {**one, "co_runners": 1}
+
+
+def test_profiling_processes_start_measuring_together_and_a_missing_peer_is_named(tmp_path):
+    wait_for_peers(None, 0, 1)  # alone: nothing to wait for
+    (tmp_path / "ready-1").write_text("ready")
+    wait_for_peers(tmp_path, 0, 2, timeout_s=5)  # the other is ready
+    assert (tmp_path / "ready-0").is_file()
+    with pytest.raises(TimeoutError, match=r"peers \[2\] of 3 not ready"):
+        wait_for_peers(tmp_path, 0, 3, timeout_s=0.05)

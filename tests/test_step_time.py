@@ -13,6 +13,7 @@ from workbench.estimate.step_time import (
     off_term,
     predict_step_time,
     rank_update_bytes,
+    relative_slowdown,
 )
 from workbench.runs.estimate import predict_run_step_time, run_model_spec, run_step_shape, step_time_validation
 from workbench.runs.profile import profile_from_measurements, profile_key_fields
@@ -38,7 +39,8 @@ def test_each_term_is_what_the_hand_computes():
     assert p.total_s == pytest.approx(0.3 + 4e-6 + 5e-3 + 0.02) and p.num_collectives == 2
     d = p.to_dict()
     assert d["total_s"] == pytest.approx(p.total_s) and d["comm_by_kind"] == {"all_reduce": pytest.approx(5e-3)}
-    assert [p.term_s(t) for t in TERMS] == [p.compute_s, p.update_s, p.comm_s, p.per_bucket_s]
+    assert [p.term_s(t) for t in TERMS] == [p.compute_s, p.update_s, p.comm_s, p.per_bucket_s, p.overhead_s]
+    assert p.overhead_s == 0  # no trainer step measured: no overhead
 
 
 def test_each_term_moves_the_total_and_only_its_own():
@@ -74,16 +76,17 @@ def test_links_are_read_per_framework_and_a_missing_one_is_named():
     assert rank_update_bytes(10, 4, True) == 3 and rank_update_bytes(10, 4, False) == 10
 
 
-def profile_of(spec, compute=(0.02, 0.04), update_s=0.004, forward=None, cores=None):
-    """A profile of ``spec``'s model measured at b = 2 and 4 with 1 thread: ``compute`` (and ``forward``) seconds,
-    ``update_s`` for the model, on ``cores`` CPUs."""
+def profile_of(spec, compute=(0.02, 0.04), update_s=0.004, forward=None, cores=None, step=None, co_runners=1):
+    """A profile of ``spec``'s model measured at b = 2 and 4 with 1 thread: ``compute`` (and ``forward``, and the
+    trainer's ``step``) seconds, ``update_s`` for the model, on ``cores`` CPUs, by ``co_runners`` processes at once."""
     nbytes = run_model_spec(spec).nbytes
     measured = {"micro_batch_sizes": [2, 4], "activation_samples": [[1000], [2000]],
                 "compute_s_samples": [[compute[0]], [compute[1]]], "parameter_bytes": nbytes, "gradient_bytes": nbytes,
                 "optimizer_state_bytes": 2 * nbytes, "update_s": update_s, "truth_source": "test",
                 "plan_activation_bytes": None, "peak_rss_bytes": 1, "peak_array_bytes": None, "versions": {},
-                "forward_s_samples": None if forward is None else [[forward[0]], [forward[1]]], "cores": cores}
-    return profile_from_measurements(measured, profile_key_fields(spec, 1), cost_s=1.0)
+                "forward_s_samples": None if forward is None else [[forward[0]], [forward[1]]], "cores": cores,
+                "step_s_samples": None if step is None else [[step[0]], [step[1]]], "co_runners": co_runners}
+    return profile_from_measurements(measured, profile_key_fields(spec, 1, co_runners), cost_s=1.0)
 
 
 def test_a_runs_prediction_follows_its_strategy_record():
@@ -182,3 +185,38 @@ def test_step_time_validation_sets_the_measured_beside_the_predicted_and_names_t
     assert not table.loc["fsdp-row", "within"] and table.loc["fsdp-row", "off_term"] == "collectives"
     assert table.loc["fsdp-row", "measured_sync_ms"] == pytest.approx(sync * 1e3)
     assert "sync measured" in table.loc["fsdp-row", "why"]
+
+
+def test_the_trainers_step_overhead_is_a_term_of_its_own_once_per_step():
+    """The profile times the real trainer's step beside its parts; what the step takes beyond them is predicted
+    once per step (not per micro-batch), slowed as compute is, and is named where the rest of a step is off."""
+    spec = RunSpec(framework="mlx", strategy="ddp", num_ranks=2, global_batch=8, model=LM)
+    # steps of 30 ms (b = 2) and 51 ms (b = 4): beyond 20 + 4 and 40 + 4 ms of compute and update, 6 and 7 ms
+    profile = profile_of(spec, step=(0.030, 0.051))
+    assert profile.step_overhead_s == pytest.approx(0.0065)
+    p = predict_run_step_time(spec, profile, LINKS)
+    assert p.overhead_s == pytest.approx(0.0065) and p.term_s("overhead") == p.overhead_s
+    assert p.total_s == pytest.approx(p.compute_s + p.update_s + p.comm_s + p.per_bucket_s + 0.0065)
+    accum = predict_run_step_time(dict(spec.to_dict(), global_batch=16, num_microbatches=2), profile, LINKS)
+    assert accum.overhead_s == pytest.approx(0.0065) and accum.compute_s == pytest.approx(2 * p.compute_s)
+    assert predict_run_step_time(spec, profile_of(spec), LINKS).overhead_s == 0  # a profile that did not time it
+    slow = predict_run_step_time(dict(spec.to_dict(), num_ranks=4, global_batch=16), profile_of(spec, cores=2,
+                                                                                                step=(0.030, 0.051)), LINKS)
+    assert slow.overhead_s == pytest.approx(2 * 0.0065)  # 4 ranks of 1 thread on 2 cores: CPU work at half speed
+    big = StepTimePrediction(compute_s=0.01, update_s=0.001, comm_s=0.001, per_bucket_s=0.0, overhead_s=0.02)
+    assert off_term(big, 0.1, measured_sync_s=0.002)[0] == "overhead"
+
+
+def test_a_profile_measured_by_as_many_processes_as_ranks_per_host_holds_their_contention():
+    spec = RunSpec(framework="mlx", strategy="fsdp-row", num_ranks=4, global_batch=16, model=LM)
+    together = profile_of(spec, cores=2, co_runners=4)  # 4 processes of 1 thread on 2 cores measured it
+    assert predict_run_step_time(spec, together, LINKS).compute_s == pytest.approx(0.04)  # as measured
+    two = predict_run_step_time(spec, together, LINKS, ranks_per_host=2)
+    assert two.compute_s == pytest.approx(0.02)  # 2 ranks on 2 cores: each has a core, twice the profile's speed
+    assert relative_slowdown(4, 1, 2, co_runners=2) == 2.0 and relative_slowdown(2, 1, 2, co_runners=2) == 1.0
+    assert relative_slowdown(4, None, 2, co_runners=4) == 1.0
+    with pytest.raises(ValueError, match="co_runners=0"):
+        relative_slowdown(2, 1, 2, co_runners=0)
+    with pytest.raises(ValueError, match="slowdown=0"):
+        predict_step_time(compute_s_per_microbatch=0.1, num_microbatches=1, update_s_per_param_byte=0.0,
+                          update_param_bytes=0, slowdown=0)

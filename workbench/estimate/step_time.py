@@ -13,10 +13,16 @@ backward before its sync starts, and update after it):
   alpha-beta link (:class:`~workbench.estimate.comm.AlphaBeta`: ``alpha * ring steps + bytes / beta``);
 * **per bucket**: the seconds each synced bucket costs beyond its collectives' latency (packing, dispatch:
   the bucket-size advisor's ``per_bucket_s``, :func:`~workbench.estimate.advisor.predict_sync_curve`), times
-  the buckets synced in a step.
+  the buckets synced in a step;
+* **overhead**: what the trainer's step spends beyond the bare forward and backward and the optimizer's update:
+  its evaluation barriers, tree maps, the global norm, the update's call structure, Python. Measured, not
+  fitted: the profile times the real trainer's step on a group of one beside the bare parts
+  (:attr:`~workbench.runs.profile.ModelProfile.step_overhead_s`); once per step, whatever G.
 
-Compute and update are CPU work: where the ranks on a host ask for more threads than it has cores, each runs
-``slowdown = ranks * threads / cores`` times slower than the profile measured alone (:func:`cpu_slowdown`).
+Compute, update and overhead are CPU work: where the ranks on a host ask for more threads than it has cores,
+each runs ``slowdown = ranks * threads / cores`` times slower than one process alone (:func:`cpu_slowdown`). A
+profile measured with that many processes at once (its ``co_runners``) already holds the contention it met:
+the run's slowdown is then relative to the profile's (:func:`relative_slowdown`).
 
 Pure: standard library only, and the layers below (the run's side: :func:`workbench.runs.estimate.predict_run_step_time`).
 """
@@ -32,7 +38,7 @@ from workbench.estimate.comm import AlphaBeta
 from workbench.strategies import Collective, ring_steps
 
 #: The terms of a prediction, in the order a step spends them; a validation names the one that is off.
-TERMS = ("compute", "update", "collectives", "per_bucket")
+TERMS = ("compute", "update", "collectives", "per_bucket", "overhead")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +50,8 @@ class StepTimePrediction:
         update_s: The optimizer's update of this rank's parameters (its shard where sharded).
         comm_s: The step's collectives, priced by the fitted links.
         per_bucket_s: The synced buckets' fixed cost beyond their collectives (per bucket times buckets).
+        overhead_s: The trainer's step beyond forward, backward and update (measured by the profile; 0 where
+            the profile has none, e.g. one stored before it was measured or a JAX profile).
         comm_by_kind: ``comm_s`` by collective kind (seconds).
         num_collectives: Collectives the step issues (all kinds).
     """
@@ -52,20 +60,21 @@ class StepTimePrediction:
     update_s: float
     comm_s: float
     per_bucket_s: float
+    overhead_s: float = 0.0
     comm_by_kind: Mapping[str, float] | None = None
     num_collectives: int = 0
 
     @property
     def total_s(self) -> float:
-        """The step: the sum of the four terms, in seconds."""
-        return self.compute_s + self.update_s + self.comm_s + self.per_bucket_s
+        """The step: the sum of the terms, in seconds."""
+        return self.compute_s + self.update_s + self.comm_s + self.per_bucket_s + self.overhead_s
 
     def term_s(self, term: str) -> float:
         """Seconds of one of :data:`TERMS`."""
         if term not in TERMS:
             raise ValueError(f"term {term!r}: one of {', '.join(TERMS)}")
         return {"compute": self.compute_s, "update": self.update_s, "collectives": self.comm_s,
-                "per_bucket": self.per_bucket_s}[term]
+                "per_bucket": self.per_bucket_s, "overhead": self.overhead_s}[term]
 
     def to_dict(self) -> dict:
         """The terms and ``total_s`` (seconds), the collectives by kind and their count."""
@@ -102,6 +111,13 @@ def cpu_slowdown(ranks_per_host: int, threads: int | None, cores: int | None) ->
     return max(1.0, n * threads / cores) if known else 1.0
 
 
+def relative_slowdown(ranks_per_host: int, threads: int | None, cores: int | None, co_runners: int = 1) -> float:
+    """How much slower a rank computes than a profile measured with ``co_runners`` processes at once (each with
+    ``threads`` threads on ``cores`` cores): ``cpu_slowdown(ranks) / cpu_slowdown(co_runners)``; below 1 where the
+    run has fewer ranks per host than the profile had processes."""
+    return cpu_slowdown(ranks_per_host, threads, cores) / cpu_slowdown(_count("co_runners", co_runners, 1), threads, cores)
+
+
 def collective_seconds(collectives: Iterable[Collective], links: Mapping, framework: str | None = None
                        ) -> dict[str, float]:
     """Seconds of ``collectives`` by kind, each ``count`` collectives of ``data_bytes`` in all over their group:
@@ -132,7 +148,8 @@ def collective_seconds(collectives: Iterable[Collective], links: Mapping, framew
 def predict_step_time(*, compute_s_per_microbatch: float, num_microbatches: int, update_s_per_param_byte: float,
                       update_param_bytes: int, collectives: Iterable[Collective] = (), links: Mapping | None = None,
                       framework: str | None = None, buckets_synced: int = 0, per_bucket_s: float = 0.0,
-                      recompute_s_per_microbatch: float = 0.0, slowdown: float = 1.0) -> StepTimePrediction:
+                      recompute_s_per_microbatch: float = 0.0, slowdown: float = 1.0,
+                      step_overhead_s: float = 0.0) -> StepTimePrediction:
     """One rank's optimizer step, in seconds, by term (see the module docstring).
 
     Args:
@@ -147,16 +164,19 @@ def predict_step_time(*, compute_s_per_microbatch: float, num_microbatches: int,
         per_bucket_s: Seconds each synced bucket costs beyond its collectives (>= 0).
         recompute_s_per_microbatch: Forward seconds a micro-batch's backward runs again (the profile's forward
             where the units reshard after forward; else 0).
-        slowdown: Compute and update run this many times slower than profiled (:func:`cpu_slowdown`, >= 1).
+        slowdown: Compute, update and overhead run this many times slower than profiled (> 0;
+            :func:`relative_slowdown`).
+        step_overhead_s: The trainer's step beyond forward, backward and update, once per step (the profile's).
 
     Raises:
-        ValueError: a negative or non-finite number, G < 1, slowdown < 1, or a collective with no link (each named).
+        ValueError: a negative or non-finite number, G < 1, slowdown <= 0, or a collective with no link (each named).
     """
     compute = _nonnegative("compute_s_per_microbatch", compute_s_per_microbatch)
     compute += _nonnegative("recompute_s_per_microbatch", recompute_s_per_microbatch)
     slow = _nonnegative("slowdown", slowdown)
-    if slow < 1:
-        raise ValueError(f"slowdown={slowdown!r}: >= 1 (ranks never compute faster than the profile alone)")
+    if slow <= 0:
+        raise ValueError(f"slowdown={slowdown!r}: > 0 (how much slower than profiled a rank computes)")
+    overhead = _nonnegative("step_overhead_s", step_overhead_s)
     g = _count("num_microbatches", num_microbatches, 1)
     rate = _nonnegative("update_s_per_param_byte", update_s_per_param_byte)
     nbytes = _count("update_param_bytes", update_param_bytes, 0)
@@ -168,7 +188,7 @@ def predict_step_time(*, compute_s_per_microbatch: float, num_microbatches: int,
                          "(workbench.studies.step_time.fit_links of its collective benchmark)")
     by_kind = collective_seconds(priced, links or {}, framework)
     return StepTimePrediction(compute_s=compute * g * slow, update_s=rate * nbytes * slow, comm_s=sum(by_kind.values()),
-                              per_bucket_s=per_bucket * buckets, comm_by_kind=by_kind,
+                              per_bucket_s=per_bucket * buckets, overhead_s=overhead * slow, comm_by_kind=by_kind,
                               num_collectives=sum(c.count for c in priced))
 
 
@@ -181,8 +201,8 @@ def off_term(prediction: StepTimePrediction, measured_s: float, measured_sync_s:
     """The term of ``prediction`` that is off where the measured step misses it by more than ``tolerance``.
 
     Where the run measured its sync apart (MLX's bucketed steps: ``sync_time_s``), the side that misses more
-    is found first: the sync (collectives, per bucket) or the rest (compute, update). On that side (or among
-    all four, without a measured sync) the term named is the largest predicted one: the one that would need
+    is found first: the sync (collectives, per bucket) or the rest (compute, update, overhead). On that side (or
+    among all the terms, without a measured sync) the term named is the largest predicted one: the one that would need
     the smallest relative correction to close the gap.
 
     Returns:
@@ -196,10 +216,11 @@ def off_term(prediction: StepTimePrediction, measured_s: float, measured_sync_s:
     if measured_sync_s is not None:
         sync = _nonnegative("measured_sync_s", measured_sync_s)
         sync_pred = prediction.comm_s + prediction.per_bucket_s
-        rest_gap = (measured - sync) - (prediction.compute_s + prediction.update_s)
-        side = ("collectives", "per_bucket") if abs(sync - sync_pred) > abs(rest_gap) else ("compute", "update")
+        rest_pred = prediction.compute_s + prediction.update_s + prediction.overhead_s
+        rest_gap = (measured - sync) - rest_pred
+        side = ("collectives", "per_bucket") if abs(sync - sync_pred) > abs(rest_gap) else ("compute", "update", "overhead")
         detail = (f"; sync measured {sync * 1e3:.1f} ms against {sync_pred * 1e3:.1f} predicted, the rest "
-                  f"{(measured - sync) * 1e3:.1f} against {(prediction.compute_s + prediction.update_s) * 1e3:.1f}")
+                  f"{(measured - sync) * 1e3:.1f} against {rest_pred * 1e3:.1f}")
     term = max(side, key=prediction.term_s)
     return term, (f"measured {measured * 1e3:.1f} ms against {predicted * 1e3:.1f} predicted ({gap * 1e3:+.1f} ms)"
                   f"{detail}: {term} predicted {prediction.term_s(term) * 1e3:.1f} ms")

@@ -2,9 +2,11 @@
 
 :func:`profile_model` returns the cached :class:`~workbench.runs.profile.ModelProfile` of a run's model, or
 measures it: ``python -m workbench.ranks.profile_mlx`` (or ``profile_jax``) in a subprocess with the thread
-pools a rank of the run gets (:func:`~workbench.launch.plan.thread_env`), bounded by ``timeout_s``, in a
-session of its own that is ended with the call (and that ends itself if this process dies). The profile
-records what it cost: its wall seconds and the profiling process's peak memory.
+pools a rank of the run gets (:func:`~workbench.launch.plan.thread_env`), as many processes at once as the run
+puts ranks on a host (they meet at a barrier before they measure, and each one's seconds go into the samples:
+the ranks of a run compete for the cores, and so do these), bounded by ``timeout_s``, each in a session of its
+own that is ended with the call (and that ends itself if this process dies). The profile records what it
+cost: its wall seconds and one profiling process's peak memory.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
             when a cached profile is used: its line serves every size.
         repeats: Measurements per size (activations: their largest; seconds: their median, so three by default:
             of two, the median would be the slower).
-        ranks_per_host: Ranks sharing this machine (default ``spec.num_ranks``): the profile runs with one
-            rank's share of the cores, and the threads are part of the cache key.
+        ranks_per_host: Ranks sharing this machine (default ``spec.num_ranks``): the profile runs that many
+            processes at once, each with one rank's share of the cores; both are part of the cache key.
         refresh: Measure even if a profile is cached (and replace it).
         timeout_s: Longest the profiling process may take, in seconds.
 
@@ -63,9 +65,12 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
         TimeoutError: the profile took longer than ``timeout_s`` (its process is killed; nothing is stored).
         RuntimeError: the profiling process failed; the message ends with its output.
     """
-    threads_env = thread_env(ranks_per_host or spec.num_ranks)
+    co_runners = ranks_per_host or spec.num_ranks
+    if isinstance(co_runners, bool) or not isinstance(co_runners, int) or co_runners < 1:
+        raise ValueError(f"ranks_per_host={ranks_per_host!r}: an integer >= 1")
+    threads_env = thread_env(co_runners)
     threads = threads_env["OMP_NUM_THREADS"]
-    key_fields = profile_key_fields(spec, int(threads) if threads.isdigit() else threads)
+    key_fields = profile_key_fields(spec, int(threads) if threads.isdigit() else threads, co_runners)
     path = profile_path(runs_root, key_fields)
     if path.exists() and not refresh:
         return load_profile(path)
@@ -82,44 +87,72 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
         env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1",
                    JAX_PLATFORMS=env.get("JAX_PLATFORMS") or "cpu")
     with tempfile.TemporaryDirectory(prefix="wb-profile-") as tmp:
-        spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "profile.json"
+        spec_file, outs = Path(tmp) / "spec.json", [Path(tmp) / f"profile{i}.json" for i in range(co_runners)]
         spec_file.write_text(json.dumps(spec.to_dict()))
-        argv = [sys.executable, "-m", PROFILE_PROGRAMS[spec.framework], "--spec", str(spec_file),
-                "--sizes", ",".join(str(b) for b in sorted(set(sizes))), "--repeats", str(repeats),
-                "--out", str(out_file)]
+        argvs = [[sys.executable, "-m", PROFILE_PROGRAMS[spec.framework], "--spec", str(spec_file),
+                  "--sizes", ",".join(str(b) for b in sorted(set(sizes))), "--repeats", str(repeats),
+                  "--out", str(out), "--peers", str(co_runners), "--peer-index", str(i), "--peer-dir", tmp]
+                 for i, out in enumerate(outs)]
+        what = f"the {spec.framework} profile of {_model_name(spec)}"
         t0 = time.perf_counter()
-        output = _run_bounded(argv, env, timeout_s, what=f"the {spec.framework} profile of {_model_name(spec)}")
+        output = _run_bounded(argvs, env, timeout_s, what=what)
         cost_s = time.perf_counter() - t0
-        if not out_file.is_file():
-            raise RuntimeError(f"the {spec.framework} profile of {_model_name(spec)} wrote no result; its output "
-                               f"ended:\n{output[-2000:]}")
-        measured = json.loads(out_file.read_text())
+        missing = [str(out) for out in outs if not out.is_file()]
+        if missing:
+            raise RuntimeError(f"{what} wrote no result in {missing}; its output ended:\n{output[-2000:]}")
+        measured = merge_co_runners([json.loads(out.read_text()) for out in outs])
     profile = profile_from_measurements(measured, key_fields, cost_s)
     save_profile(path, profile)
     return profile
+
+
+#: Seconds measured by every co-running process (their samples are pooled, size by size).
+POOLED_SAMPLES = ("compute_s_samples", "forward_s_samples", "step_s_samples")
+
+
+def merge_co_runners(results: Sequence[dict]) -> dict:
+    """One measurement from what ``len(results)`` processes measured at once: the first process's bytes, every
+    process's seconds (each size's samples pooled; the update's median over the processes), the largest
+    resident peak, and ``co_runners``."""
+    if not results:
+        raise ValueError("merge_co_runners: no results")
+    merged = {**results[0], "co_runners": len(results)}
+    for name in POOLED_SAMPLES:
+        rows = [r.get(name) for r in results]
+        if all(row is not None for row in rows):
+            merged[name] = [[v for row in rows for v in row[i]] for i in range(len(rows[0]))]
+    merged["update_s"] = float(sorted(r["update_s"] for r in results)[len(results) // 2])
+    merged["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in results)
+    return merged
 
 
 def _model_name(spec: Any) -> str:
     return spec.model_factory or f"the built-in LM {dict(spec.model)}"
 
 
-def _run_bounded(argv: list[str], env: dict[str, str], timeout_s: float, *, what: str) -> str:
-    """Run ``argv`` in a session of its own, output to a file; return that output. Whatever happens, the
-    session is killed before returning (nothing the program started outlives the call)."""
+def _run_bounded(argvs: list[list[str]], env: dict[str, str], timeout_s: float, *, what: str) -> str:
+    """Run each of ``argvs`` at once, each in a session of its own, output to one file; return that output.
+    Whatever happens, every session is killed before returning (nothing the programs started outlives the
+    call); the first to fail fails the call, and the others are stopped."""
     with tempfile.TemporaryFile() as log:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        children = [subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True) for argv in argvs]
+        deadline, codes = time.monotonic() + timeout_s, [None] * len(children)
         try:
-            code = child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"{what} took longer than timeout_s={timeout_s:g} s (its process was stopped; "
-                               "nothing was stored)") from None
+            while any(c is None for c in codes) and not any(c not in (None, 0) for c in codes):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what} took longer than timeout_s={timeout_s:g} s (its processes were "
+                                       "stopped; nothing was stored)")
+                codes = [child.poll() for child in children]
+                time.sleep(0.02)
         finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+            for child in children:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
         log.seek(0)
         output = log.read().decode("utf-8", "replace")
-    if code != 0:
-        raise RuntimeError(f"{what} failed (exit code {code}); its output ended:\n{output[-2000:]}")
+    failed = [c for c in codes if c not in (None, 0)]
+    if failed:
+        raise RuntimeError(f"{what} failed (exit code {failed[0]}); its output ended:\n{output[-2000:]}")
     return output

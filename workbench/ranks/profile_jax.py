@@ -46,8 +46,10 @@ def _nbytes(tree) -> int:
     return int(sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
 
 
-def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
-    """The profile's measurements of ``spec``'s JAX model (plain data; see the module docstring)."""
+def measure_jax(spec, sizes: list[int], repeats: int, ready=None) -> dict:
+    """The profile's measurements of ``spec``'s JAX model (plain data; see the module docstring); ``ready()`` is
+    called before the first measurement (to start with the other profiling processes). The trainer's step is
+    not timed here (``step_s_samples`` None: the prediction has no overhead term for JAX's jitted step)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -68,6 +70,8 @@ def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
         return optax.apply_updates(params, updates), state
 
     param_bytes, state_bytes = _nbytes(params), _nbytes(state)
+    if ready is not None:
+        ready()
     map_large_allocations()  # before any large buffer: each gets pages of its own, and the mark sees them
     programs, planned, activation, peak_rss = {}, [], [], 0
     for b in sizes:
@@ -114,6 +118,7 @@ def measure_jax(spec, sizes: list[int], repeats: int) -> dict:
             # where the high-water mark cannot be reset, the plan stands in for the truth (and says so)
             "activation_samples": activation if truth else [[p] for p in planned],
             "compute_s_samples": compute, "forward_s_samples": forward, "update_s": median(update_s),
+            "step_s_samples": None,
             "truth_source": "VmHWM above VmRSS (clear_refs), less the gradients" if truth else
             "XLA memory_analysis (the process's high-water mark could not be reset)",
             "plan_activation_bytes": planned, "peak_array_bytes": None,

@@ -9,12 +9,18 @@ The activation bytes of a measurement are that peak above the arrays live before
 state, the batch), less the gradients it produced (a run's estimate counts those as a state). Also timed:
 forward and backward (seconds), forward alone (what a rank recomputes in backward where
 its units reshard after forward), and the optimizer's update of the whole model (seconds, over the parameter
-bytes). Started by :func:`workbench.launch.profile.profile_model` with the threads a rank will have.
+bytes). Last, the step a rank really runs, timed as :mod:`workbench.ranks.train_mlx` times it: DDP's trainer
+(:func:`~workbench.adapters.mlx.accum.make_trainer`, one micro-batch, the run's ``max_norm`` or an infinite one,
+as the rank asks) on MLX's group of one, whose collectives do nothing; what it takes beyond forward, backward
+and update is the step's overhead (evaluation barriers, tree maps, the norm, the update's calls, Python).
+Started by :func:`workbench.launch.profile.profile_model` with the threads a rank will have, as many at once
+as the run's ranks per host.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import sys
 import time
@@ -30,8 +36,9 @@ from workbench.ranks.profile_probe import (
 from workbench.ranks.user_model import mlx_model_and_loss
 
 
-def measure_mlx(spec, sizes: list[int], repeats: int) -> dict:
-    """The profile's measurements of ``spec``'s MLX model (plain data; see the module docstring)."""
+def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
+    """The profile's measurements of ``spec``'s MLX model (plain data; see the module docstring); ``ready()`` is
+    called before the first measurement (to start with the other profiling processes)."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -48,6 +55,8 @@ def measure_mlx(spec, sizes: list[int], repeats: int) -> dict:
         mx.eval(inputs, targets)
         return lambda: accumulate_microbatches(value_and_grad, model, [(inputs, targets)], None)
 
+    if ready is not None:
+        ready()
     _, grads, _ = backward(sizes[0])()
     gradient_bytes = tree_nbytes(grads)
     update_s = []
@@ -75,13 +84,37 @@ def measure_mlx(spec, sizes: list[int], repeats: int) -> dict:
         compute.append(seconds)
         inputs, targets = (mx.array(a) for a in token_batch(spec, b))
         forward.append(timed(lambda: mx.eval(loss_fn(model, inputs, targets)), repeats))
+    step = [measure_trainer_step(spec, model, loss_fn, opt, b, repeats) for b in sizes]
     return {"framework": "mlx", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": tree_nbytes(model.trainable_parameters()), "gradient_bytes": gradient_bytes,
             "optimizer_state_bytes": optimizer_state_bytes(opt), "activation_samples": activation,
             "compute_s_samples": compute, "forward_s_samples": forward, "update_s": median(update_s[1:]),
+            "step_s_samples": step,
             "truth_source": "mx.get_peak_memory above the live arrays, less the gradients",
             "plan_activation_bytes": None, "peak_array_bytes": int(peak_array), "peak_rss_bytes": peak_rss_bytes(),
             "versions": package_versions()}
+
+
+def measure_trainer_step(spec, model, loss_fn, opt, micro_batch_size: int, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` steps of DDP's trainer on MLX's group of one, each over one micro-batch of
+    ``micro_batch_size`` sequences, timed as the rank times its step (after one step not timed)."""
+    import mlx.core as mx
+
+    from workbench.adapters.mlx.accum import make_trainer
+
+    os.environ.pop("MLX_HOSTFILE", None)  # as a rank of one: no peers, no backend
+    group = mx.distributed.init(strict=False)
+    trainer = make_trainer(model, opt, group, strategy="ddp", communication_size=spec.communication_size,
+                           max_norm=spec.max_norm if spec.max_norm is not None else math.inf)
+    inputs, targets = (mx.array(a) for a in token_batch(spec, micro_batch_size))
+    trainer.step(loss_fn, inputs, targets)
+    seconds = []
+    for _ in range(repeats):
+        inputs, targets = (mx.array(a) for a in token_batch(spec, micro_batch_size))
+        t0 = time.perf_counter()
+        trainer.step(loss_fn, inputs, targets)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,9 @@
 
 ``python -m workbench.ranks.profile_mlx`` and ``... profile_jax`` (started by
 :func:`workbench.launch.profile.profile_model`) read the run's spec from a JSON file, measure the model
-at each micro-batch size, and write one JSON object. The process's resident memory is read from
+at each micro-batch size, and write one JSON object. Where several profile at once (a run's ranks per host),
+each is told its peers (``--peers``, ``--peer-index``, ``--peer-dir``) and they start measuring together
+(:func:`wait_for_peers`). The process's resident memory is read from
 ``/proc/self/status`` (``VmRSS``, ``VmHWM``), and its high-water mark reset by writing ``5`` to
 ``/proc/self/clear_refs`` (Linux 4.0+); :func:`release_free_memory` first hands the allocator's free pages
 back (glibc's ``malloc_trim``) and :func:`map_large_allocations` makes every large buffer pages of its own,
@@ -34,7 +36,12 @@ def parse_profile_args(argv: list[str] | None, description: str) -> argparse.Nam
     parser.add_argument("--sizes", required=True, help="micro-batch sizes, comma-separated, e.g. 2,4,8")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per size (the peak is their max)")
     parser.add_argument("--out", required=True, help="where the JSON result is written")
+    parser.add_argument("--peers", type=int, default=1, help="processes profiling at once (a run's ranks per host)")
+    parser.add_argument("--peer-index", type=int, default=0, help="this process's index among them")
+    parser.add_argument("--peer-dir", default=None, help="a folder the peers share, to start measuring together")
     args = parser.parse_args(argv)
+    if args.peers < 1 or not 0 <= args.peer_index < args.peers or (args.peers > 1 and not args.peer_dir):
+        parser.error("--peers >= 1, 0 <= --peer-index < --peers, and --peer-dir where --peers > 1")
     try:
         args.sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
@@ -145,6 +152,32 @@ def rss_above(run: Callable[[], Any]) -> tuple[int | None, Any]:
     return max(0, status_bytes("VmHWM") - start), result
 
 
+#: Longest wait, in seconds, for the other profiling processes to be ready to measure.
+PEER_WAIT_S = 120.0
+
+
+def wait_for_peers(peer_dir: str | None, index: int, peers: int, timeout_s: float = PEER_WAIT_S) -> None:
+    """Mark this process ready (``<peer_dir>/ready-<index>``) and wait until all ``peers`` are, so that their
+    measurements overlap as a run's ranks do. Nothing to wait for where ``peers`` is 1.
+
+    Raises:
+        TimeoutError: naming the peers not ready after ``timeout_s`` seconds.
+    """
+    if peers <= 1:
+        return
+    folder = os.fspath(peer_dir)
+    write_atomic(os.path.join(folder, f"ready-{index}"), "ready")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [i for i in range(peers) if not os.path.exists(os.path.join(folder, f"ready-{i}"))]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"profiling process {index}: peers {missing} of {peers} not ready to measure after "
+                               f"{timeout_s:g} s (in {folder})")
+        time.sleep(0.01)
+
+
 def write_result(path: str, result: dict) -> None:
     write_atomic(path, json.dumps(result, indent=1))
 
@@ -172,9 +205,11 @@ def thread_count() -> int | None:
 
 def profile_main(argv: list[str] | None, framework: str, measure: Callable[..., dict]) -> int:
     """The profile programs' command line: read the spec, measure it with ``measure(spec, sizes, repeats)``,
-    write the result atomically; the process ends with its parent."""
+    write the result atomically; the process ends with its parent. ``measure`` calls its ``ready`` argument
+    once its model is built, before it measures (:func:`wait_for_peers`)."""
     args = parse_profile_args(argv, f"Profile a {framework} model on one process (workbench issue 26).")
     exit_with_parent()
-    write_result(args.out, measure(load_spec(args.spec), args.sizes, args.repeats))
+    ready = functools.partial(wait_for_peers, args.peer_dir, args.peer_index, args.peers)
+    write_result(args.out, measure(load_spec(args.spec), args.sizes, args.repeats, ready=ready))
     return 0
 

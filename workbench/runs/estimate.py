@@ -23,10 +23,10 @@ from workbench.estimate.memory import estimate_memory
 from workbench.estimate.step_time import (
     STEP_TIME_TOLERANCE,
     StepTimePrediction,
-    cpu_slowdown,
     off_term,
     predict_step_time,
     rank_update_bytes,
+    relative_slowdown,
 )
 from workbench.models.init import LMConfig, lm_model_spec
 from workbench.strategies import StepShape, get_strategy
@@ -208,18 +208,19 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
             (:func:`workbench.launch.profile.profile_model` of the same spec: measured with the threads a
             rank of this run gets). Its compute line gives each micro-batch's forward and backward seconds
             (and its forward line what a step resharding its units after forward runs again in backward),
-            its update seconds per parameter byte the update of this rank's shard.
+            its update seconds per parameter byte the update of this rank's shard, and its timed trainer step
+            the step's overhead beyond those (:attr:`~workbench.runs.profile.ModelProfile.step_overhead_s`).
         links: The placement's fitted links, ``{(framework, kind): AlphaBeta}``
             (:func:`workbench.studies.step_time.fit_links` of its collective benchmark) or ``{kind: AlphaBeta}``.
         model_shapes: A user model's parameters (:func:`run_model_spec`); ignored for the built-in LM.
         per_bucket_s: Seconds each synced bucket costs beyond its collectives (the bucket-size advisor's).
         ranks_per_host: Ranks sharing a host (default ``num_ranks``: one machine). Where they ask for more
-            threads than its cores (the profile's ``threads`` and ``cores``), compute and update slow down
-            (:func:`~workbench.estimate.step_time.cpu_slowdown`).
+            threads than its cores, compute, update and overhead slow down, relative to the profile's
+            processes at once (its ``co_runners``: :func:`~workbench.estimate.step_time.relative_slowdown`).
 
     Returns:
         :class:`~workbench.estimate.step_time.StepTimePrediction`: compute (G micro-batches), update,
-        collectives (the strategy record's for G and ``defer_sync``) and per-bucket seconds.
+        collectives (the strategy record's for G and ``defer_sync``), per-bucket and overhead seconds.
 
     Raises:
         ValueError: the profile is of another model, precision, sequence length or framework, or a collective
@@ -235,14 +236,16 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
     b = fields["global_batch"] // (n * g)
     # as the memory model: units freed after forward are recomputed in backward, unless deferred sync keeps them
     recompute = record.gathers_units and record.reshard_after_forward and not (g > 1 and fields.get("defer_sync", True))
-    slowdown = cpu_slowdown(ranks_per_host or n, profile.key_fields.get("threads"), getattr(profile, "cores", None))
+    slowdown = relative_slowdown(ranks_per_host or n, profile.key_fields.get("threads"), getattr(profile, "cores", None),
+                                 getattr(profile, "co_runners", 1))
     return predict_step_time(
         compute_s_per_microbatch=profile.compute_s_at(b), num_microbatches=g, slowdown=slowdown,
         recompute_s_per_microbatch=profile.forward_s_at(b) if recompute else 0.0,
         update_s_per_param_byte=profile.update_s_per_param_byte,
         update_param_bytes=rank_update_bytes(model.nbytes, n, record.sharded.optimizer),
         collectives=record.step_collectives(shape), links=links, framework=fields["framework"],
-        buckets_synced=len(shape.sync_bytes) * shape.syncs if by_buckets and n > 1 else 0, per_bucket_s=per_bucket_s)
+        buckets_synced=len(shape.sync_bytes) * shape.syncs if by_buckets and n > 1 else 0, per_bucket_s=per_bucket_s,
+        step_overhead_s=getattr(profile, "step_overhead_s", None) or 0.0)
 
 
 def _check_profile_fits(fields: Mapping[str, Any], profile: Any) -> None:
@@ -271,9 +274,11 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
         tolerance: The target, relative to the prediction (held on a quiet machine).
 
     Returns:
-        A DataFrame, one row per run: ``run``, ``run_id``, ``framework``, ``strategy``, ``num_ranks``, the
+        A DataFrame, one row per run: ``run``, ``run_id``, ``framework``, ``strategy``, ``num_ranks``,
+        ``num_microbatches``, the
         predicted terms and total (``compute_ms``, ``update_ms``, ``comm_ms``, ``per_bucket_ms``,
-        ``predicted_ms``), ``measured_ms`` (median over steps after ``warmup_steps`` of the slowest rank),
+        ``overhead_ms``, ``predicted_ms``), ``measured_ms`` (median over steps after ``warmup_steps`` of the
+        slowest rank),
         ``measured_sync_ms`` (MLX's bucketed steps, median of the rank that waited least; else NaN),
         ``ratio`` (measured / predicted),
         ``tolerance``, ``within``, and where it misses, ``off_term`` and ``why``
@@ -295,12 +300,14 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
         term, why = off_term(p, step_s, sync_s, tolerance=tolerance)
         rows.append({"run": f"{spec['framework']} {spec['strategy']}", "run_id": run.run_id,
                      "framework": spec["framework"], "strategy": spec["strategy"], "num_ranks": spec["num_ranks"],
-                     **{f"{t}_ms": getattr(p, f"{t}_s") * 1e3 for t in ("compute", "update", "comm", "per_bucket")},
+                     "num_microbatches": spec.get("num_microbatches", 1),
+                     **{f"{t}_ms": getattr(p, f"{t}_s") * 1e3 for t in ("compute", "update", "comm", "per_bucket",
+                                                                         "overhead")},
                      "predicted_ms": p.total_s * 1e3, "measured_ms": step_s * 1e3,
                      "measured_sync_ms": float("nan") if sync_s is None else sync_s * 1e3,
                      "ratio": step_s / p.total_s if p.total_s else float("nan"), "tolerance": tolerance,
                      "within": term is None, "off_term": term, "why": why})
-    columns = ["run", "run_id", "framework", "strategy", "num_ranks", "compute_ms", "update_ms", "comm_ms",
-               "per_bucket_ms", "predicted_ms", "measured_ms", "measured_sync_ms", "ratio", "tolerance", "within",
-               "off_term", "why"]
+    columns = ["run", "run_id", "framework", "strategy", "num_ranks", "num_microbatches", "compute_ms", "update_ms",
+               "comm_ms", "per_bucket_ms", "overhead_ms", "predicted_ms", "measured_ms", "measured_sync_ms", "ratio",
+               "tolerance", "within", "off_term", "why"]
     return pd.DataFrame(rows, columns=columns)

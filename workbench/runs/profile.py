@@ -4,8 +4,11 @@ A rank's peak is mostly activations, and for a model the workbench did not write
 So the model is measured once, on one process, with the threads a rank will have
 (:func:`workbench.launch.profile.profile_model` runs :mod:`workbench.ranks.profile_mlx` or
 :mod:`workbench.ranks.profile_jax`): activation bytes and forward-and-backward seconds at a few micro-batch
-sizes, each fitted as a line in the size (:func:`~workbench.estimate.profile_fit.fit_linear`), and the
-optimizer update's seconds per parameter byte. :func:`estimate_with_profile` puts the line's activations
+sizes, each fitted as a line in the size (:func:`~workbench.estimate.profile_fit.fit_linear`), the
+optimizer update's seconds per parameter byte, and (MLX) the real trainer's step on a group of one, whose time
+beyond those parts is the step's overhead (:attr:`ModelProfile.step_overhead_s`). Where a run puts several
+ranks on a host, as many profiling processes measure at once (``co_runners``), so the times hold the
+contention for the cores that the ranks will meet. :func:`estimate_with_profile` puts the line's activations
 at the run's micro-batch into the run's estimate (:func:`~workbench.runs.estimate.estimate_run_memory`)
 instead of the closed formula (the built-in LM) or the logits (a user's model).
 
@@ -13,7 +16,9 @@ The cache: one JSON file per profile, ``<runs root>/.profiles/<framework>-<key>.
 (a dotted folder, which :func:`workbench.runs.tables.load_runs` passes over), written atomically. The key
 hashes what the measurement depends on (:func:`profile_key_fields`): the model (the built-in LM's config,
 or the factory and its source's sha256), dtype, sequence length, vocabulary, optimizer, framework and its
-version, and threads. A cache file that cannot be read as a profile is an error naming it, and it is left
+version, threads, the processes measuring at once, and the record's version (:data:`PROFILE_VERSION`: a profile
+stored by older code, which measured less, is never found under a newer key, so it is measured again). A cache
+file that cannot be read as a profile is an error naming it, and it is left
 in place: nothing stored is overwritten unasked (remove it, or profile with ``refresh=True``).
 """
 
@@ -27,6 +32,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from workbench.estimate.breakdown import MemoryComponent, MemoryEstimate
 from workbench.estimate.profile_fit import LinearFit, fit_from_dict, fit_linear
 from workbench.models.init import LMConfig
@@ -35,8 +42,10 @@ from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_
 
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
-#: The record's layout; a file of another version is refused, naming it.
-PROFILE_VERSION = 1
+#: The record's layout and what its times mean; a file of another version is refused, naming it, and the version
+#: is part of the cache key. 2: the trainer's step is timed (``step_s_samples``) and ``co_runners`` processes
+#: measure at once (1 measured neither: its compute was one process alone, its step had no overhead term).
+PROFILE_VERSION = 2
 
 
 class ProfileError(ValueError):
@@ -48,9 +57,10 @@ class ProfileError(ValueError):
         self.path = Path(path)
 
 
-def profile_key_fields(spec: Any, threads: int | None) -> dict:
+def profile_key_fields(spec: Any, threads: int | None, co_runners: int = 1) -> dict:
     """What a profile of ``spec``'s model depends on (a RunSpec or its dict): the model, dtype, tokens,
-    optimizer, framework and its installed version, and ``threads`` (a rank's ``OMP_NUM_THREADS``)."""
+    optimizer, framework and its installed version, ``threads`` (a rank's ``OMP_NUM_THREADS``), ``co_runners``
+    (profiling processes measuring at once: the ranks per host) and :data:`PROFILE_VERSION`."""
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     framework = fields["framework"]
     if fields.get("model_factory") is not None:
@@ -63,7 +73,8 @@ def profile_key_fields(spec: Any, threads: int | None) -> dict:
         version = None
     return {"model": model, "precision": fields["precision"], "seq_len": fields["model"]["seq_len"],
             "vocab_size": fields["model"]["vocab_size"], "optimizer": fields["optimizer"],
-            "framework": framework, "framework_version": version, "threads": threads}
+            "framework": framework, "framework_version": version, "threads": threads, "co_runners": co_runners,
+            "profile_version": PROFILE_VERSION}
 
 
 def profile_key(key_fields: Mapping[str, Any]) -> str:
@@ -93,6 +104,11 @@ class ModelProfile:
         activation_fit: Bytes against ``b``, fitted to each size's largest sample.
         compute_fit: Seconds against ``b``, fitted to each size's median.
         forward_fit: The same of the forward alone, or None.
+        step_s_samples: MLX: per size, each measurement's seconds of the trainer's whole step (DDP's
+            :func:`~workbench.adapters.mlx.accum.make_trainer` on a group of one, one micro-batch, timed as
+            :mod:`workbench.ranks.train_mlx` times it); None where not measured (JAX).
+        co_runners: Profiling processes that measured at once (the ranks a run puts on a host); every
+            process's seconds are in the samples.
         parameter_bytes, gradient_bytes, optimizer_state_bytes: The whole model's, on the profiling process.
         update_s: The optimizer's update of the whole model, seconds (median).
         plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
@@ -118,6 +134,8 @@ class ModelProfile:
     versions: dict = field(default_factory=dict)
     forward_s_samples: tuple[tuple[float, ...], ...] | None = None
     cores: int | None = None
+    step_s_samples: tuple[tuple[float, ...], ...] | None = None
+    co_runners: int = 1
     activation_fit: LinearFit = field(init=False)
     compute_fit: LinearFit = field(init=False)
     forward_fit: LinearFit | None = field(init=False)
@@ -135,6 +153,10 @@ class ModelProfile:
             raise ValueError(f"a profile's forward_s_samples need one row for each of the sizes {list(sizes)}")
         object.__setattr__(self, "forward_fit", None if forward is None else fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in forward], what="forward_s"))
+        if self.step_s_samples is not None and len(self.step_s_samples) != len(sizes):
+            raise ValueError(f"a profile's step_s_samples need one row for each of the sizes {list(sizes)}")
+        if isinstance(self.co_runners, bool) or not isinstance(self.co_runners, int) or self.co_runners < 1:
+            raise ValueError(f"co_runners={self.co_runners!r}: an integer >= 1")
 
     @property
     def key(self) -> str:
@@ -157,6 +179,17 @@ class ModelProfile:
         """Forward and backward seconds of one micro-batch of ``micro_batch_size`` sequences (>= 0)."""
         return max(0.0, self.compute_fit.at(micro_batch_size))
 
+    @property
+    def step_overhead_s(self) -> float | None:
+        """Seconds the trainer's step spends beyond forward, backward and the whole model's update (>= 0): per size,
+        the median step less the median forward and backward and the update; their median over the sizes (it
+        does not grow with the micro-batch). None where the step was not timed."""
+        if self.step_s_samples is None:
+            return None
+        over = [float(np.median(step)) - float(np.median(bare)) - self.update_s
+                for step, bare in zip(self.step_s_samples, self.compute_s_samples)]
+        return max(0.0, float(np.median(over)))
+
     def forward_s_at(self, micro_batch_size: int) -> float:
         """Forward seconds of one micro-batch (>= 0); a third of :meth:`compute_s_at` where the profile has no
         forward measured (a backward costs about two forwards)."""
@@ -170,10 +203,12 @@ class ModelProfile:
                "activation_samples": [list(s) for s in self.activation_samples],
                "compute_s_samples": [list(s) for s in self.compute_s_samples],
                "forward_s_samples": None if self.forward_s_samples is None else [list(s) for s in self.forward_s_samples],
+               "step_s_samples": None if self.step_s_samples is None else [list(s) for s in self.step_s_samples],
                "plan_activation_bytes": None if self.plan_activation_bytes is None
                else list(self.plan_activation_bytes)}
         for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
-                     "cost_s", "cost_peak_rss_bytes", "cost_peak_array_bytes", "versions", "cores"):
+                     "cost_s", "cost_peak_rss_bytes", "cost_peak_array_bytes", "versions", "cores", "co_runners",
+                     "step_overhead_s"):
             out[name] = getattr(self, name)
         out["activation_fit"], out["compute_fit"] = self.activation_fit.to_dict(), self.compute_fit.to_dict()
         out["forward_fit"] = None if self.forward_fit is None else self.forward_fit.to_dict()
@@ -196,7 +231,10 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
         cost_peak_array_bytes=measured.get("peak_array_bytes"), versions=dict(measured.get("versions") or {}),
         forward_s_samples=None if measured.get("forward_s_samples") is None
         else tuple(tuple(float(v) for v in s) for s in measured["forward_s_samples"]),
-        cores=None if measured.get("cores") is None else int(measured["cores"]))
+        cores=None if measured.get("cores") is None else int(measured["cores"]),
+        step_s_samples=None if measured.get("step_s_samples") is None
+        else tuple(tuple(float(v) for v in s) for s in measured["step_s_samples"]),
+        co_runners=int(measured.get("co_runners") or 1))
 
 
 def save_profile(path: str | Path, profile: ModelProfile) -> Path:
