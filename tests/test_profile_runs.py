@@ -39,6 +39,8 @@ def test_a_real_profile_measures_activations_that_grow_with_the_micro_batch(tmp_
     logits = spec.model["seq_len"] * spec.model["vocab_size"] * 4  # one fp32 logits row per sequence
     fit = profile.activation_fit
     assert profile.micro_batch_sizes == (1, 4) and all(len(s) == 2 for s in profile.activation_samples)
+    runners = profile.co_runners  # as many processes at once as the run has ranks, each measuring 2 times
+    assert runners == spec.num_ranks and profile.key_fields["co_runners"] == runners
     assert fit.slope >= logits, (profile.activation_samples, logits)  # backward keeps the logits, at least
     assert profile.activation_bytes_at(4) >= 4 * logits
     if model == "mlp":
@@ -46,8 +48,13 @@ def test_a_real_profile_measures_activations_that_grow_with_the_micro_batch(tmp_
     assert profile.optimizer_state_bytes >= 2 * profile.parameter_bytes  # AdamW's two moments
     assert all(t > 0 for s in profile.compute_s_samples for t in s) and profile.update_s > 0
     # what the step-time prediction takes besides: the forward alone (recomputed where units reshard), the cores
-    assert [len(s) for s in profile.forward_s_samples] == [2, 2] and all(t > 0 for s in profile.forward_s_samples for t in s)
+    assert [len(s) for s in profile.forward_s_samples] == [2 * runners] * 2 and all(t > 0 for s in profile.forward_s_samples for t in s)
     assert profile.cores == os.cpu_count() and profile.key_fields["threads"] >= 1
+    if framework == "mlx":  # the trainer's real step, timed beside its parts: what it takes beyond them is a term
+        assert [len(s) for s in profile.step_s_samples] == [2 * runners] * 2 and all(t > 0 for s in profile.step_s_samples for t in s)
+        assert profile.step_overhead_s >= 0
+    else:
+        assert profile.step_s_samples is None and profile.step_overhead_s is None
     assert profile.cost_s > 0 and profile.cost_peak_rss_bytes > profile.parameter_bytes
     if framework == "jax":  # the plan beside the truth (VmHWM), which it should not be far from
         assert profile.truth_source.startswith("VmHWM")
@@ -71,7 +78,7 @@ def attention_runs(tmp_path_factory):
                      model_factory="examples.tiny_attention_lm:mlx_factory") for s in ("ddp", "fsdp-row")]
     outcomes = [run_training(s, root) for s in specs]
     assert [o.status for o in outcomes] == ["done", "done"], outcomes
-    return root, profile_model(specs[0], root)
+    return root, profile_model(specs[0], root)  # 2 processes at once, as the 2 ranks ran
 
 
 def test_an_attention_models_peak_on_two_ranks_is_its_profiles_prediction_within_ten_percent(attention_runs):
@@ -94,14 +101,18 @@ def test_an_attention_models_peak_on_two_ranks_is_its_profiles_prediction_within
 def test_each_runs_step_time_is_measured_beside_its_prediction_from_the_profile(attention_runs):
     """The step time of the same two runs, predicted from the profile and the committed MLX loopback links, and
     measured. Timings under load are not held here (bench_step_prediction.py shows them): the measured step is
-    set beside every term of the prediction, and the two are the same order of magnitude."""
+    set beside every term of the prediction, and the two are the same order of magnitude. The profile was taken
+    by 2 processes at once (the run's ranks on this host), and the trainer's overhead is in the prediction."""
     root, profile = attention_runs
+    assert profile.co_runners == 2 and len(profile.compute_s_samples[0]) == 2 * 3  # 3 repeats by each process
     links = fit_links(load_collective_benchmarks(reference_runs_dir("collectives")))
     table = step_time_validation(load_runs(root), profile, links).set_index("strategy")
     assert sorted(table.index) == ["ddp", "fsdp-row"]
     for strategy, row in table.iterrows():
         assert row.compute_ms > 0 and row.update_ms > 0 and row.comm_ms > 0, row
-        assert row.predicted_ms == pytest.approx(row.compute_ms + row.update_ms + row.comm_ms + row.per_bucket_ms)
+        assert row.overhead_ms == pytest.approx(profile.step_overhead_s * 1e3) and row.num_microbatches == 1
+        assert row.predicted_ms == pytest.approx(row.compute_ms + row.update_ms + row.comm_ms + row.per_bucket_ms
+                                                 + row.overhead_ms)
         assert row.measured_ms > 0 and row.measured_sync_ms >= 0 and row.ratio == pytest.approx(row.measured_ms / row.predicted_ms)
         assert 0.2 < row.ratio < 5, (strategy, row.why)
         assert row.within == (abs(row.ratio - 1) <= 0.10) and isinstance(row.off_term, str) != row.within
