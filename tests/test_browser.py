@@ -631,10 +631,27 @@ def shoot_explorer(page, sel: str, stem: str) -> None:
         inspector.screenshot(path=str(UX / f"{stem}-rank-inspector.png"))
 
 
+#: Whether each shard-map subplot draws its first tick (rank 0) above its last, in screen pixels (issue 29 item 2:
+#: after a model change rank 1023 was at the top).
+RANK_0_ON_TOP = """sel => { const gd = document.querySelector(sel).querySelectorAll('.js-plotly-plot')[1];
+    return ['yaxis', 'yaxis2'].map(k => { const ax = gd._fullLayout[k], n = ax.tickvals.length;
+                                          return ax.l2p(ax.tickvals[0]) < ax.l2p(ax.tickvals[n - 1]); }); }"""
+
+#: Each explorer figure's right edge and its output area's, and each slider track's width, in CSS pixels
+#: (issue 29 item 3: at 1024 px fixed-width figures were clipped and sliders shrank to their handles).
+FITS = """sel => { const el = document.querySelector(sel), area = el.closest('.jp-OutputArea-output').getBoundingClientRect();
+    return {right: area.right, figures: Array.from(el.querySelectorAll('.js-plotly-plot .main-svg:first-child'))
+                                      .map(s => s.getBoundingClientRect().right),
+            sliders: Array.from(el.querySelectorAll('.widget-slider .noUi-target, .widget-slider .slider-container'))
+                          .map(s => s.getBoundingClientRect().width)}; }"""
+
+
 def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page, jupyterlab):
     """Issue 18 in JupyterLab: explorer figures use the output width, the layout toggle is one row,
     the bucket and rank are typed fields, "none" stays shown in master_dtype, the comparison table
-    has no empty cell, every control redraws its figures (timed), no figure offers to upload."""
+    has no empty cell, every control redraws its figures (timed), no figure offers to upload.
+    Issue 29: the shard map keeps rank 0 on top after every control, and at a 1024 x 768 window every
+    figure follows the narrower notebook (screenshots ``explorer-*-1024-*``)."""
     from figure_checks import INSPECT, problems
 
     w, page = lab_page, lab_page.page
@@ -707,6 +724,7 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
     for name, act in steps:
         timings[name] = settle_ms(page, layout_sel, layout_before, act, name)
         layout_before = explorer_state(page, layout_sel)
+        assert page.evaluate(RANK_0_ON_TOP, layout_sel) == [True, True], name
     memory_before = explorer_state(page, memory_sel)
     for name, act in [("memory: master_dtype", select(memory_sel, "master_dtype", "none")),
                       ("memory: optimizer", select(memory_sel, "optimizer", "sgd")),
@@ -733,6 +751,19 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
     assert "rank 11 of" in page.locator(f"{layout_sel} .workbench-rank-inspector").inner_text()
     shoot_explorer(page, layout_sel, "explorer-layout-after-changes")
     shoot_explorer(page, memory_sel, "explorer-memory-after-changes")
+    page.set_viewport_size({"width": 1024, "height": 768})  # the figures follow once the width probe reports
+    fits = f"sel => {{ const f = ({FITS})(sel); return f.figures.length > 0 && f.figures.every(r => r <= f.right + 1); }}"
+    try:
+        for sel in (layout_sel, memory_sel):
+            page.wait_for_function(fits, arg=sel, timeout=60_000)
+    finally:
+        page.screenshot(path=str(UX / "explorer-1024-window.png"))
+        shoot_explorer(page, layout_sel, "explorer-layout-1024")
+        shoot_explorer(page, memory_sel, "explorer-memory-1024")
+    for sel in (layout_sel, memory_sel):
+        seen = page.evaluate(FITS, sel)
+        assert all(r <= seen["right"] + 1 for r in seen["figures"]) and all(w >= 150 for w in seen["sliders"]), seen
+    assert page.evaluate(RANK_0_ON_TOP, layout_sel) == [True, True]
     assert kernel_errors == [], kernel_errors[:1]  # plotly's handler of trace deltas raised after every update
     assert w.errors() == [], w.errors()
     assert w.blocked == [], w.blocked

@@ -130,12 +130,16 @@ def test_memory_explorer_labels_every_n_and_its_peaks_on_their_bars():
                                      update_copies="parameters_and_state", micro_batch_size=64, seq_len=32768,
                                      num_shards=(1, 1024))
     fw = explorer.figure
-    assert fw.layout.xaxis.nticks >= len(explorer.estimates) == 55  # every category labelled
+    assert (fw.layout.xaxis.tickmode, fw.layout.xaxis.dtick, len(explorer.estimates)) == ("linear", 1, 55)  # every N
+    explorer.probe.width = NARROW_PX  # 55 bars in a narrow notebook: every strategy labels the same N
+    assert fw.layout.xaxis.dtick == 11
+    explorer.controls["num_shards"].value = (4, 512)  # 8 N each: every other N, the same under each strategy
+    assert fw.layout.xaxis.dtick == 2 and fw.layout.xaxis.tick0 == 0
     for trace in fw.data:
         if trace.name.startswith("peak"):
             assert trace.textposition == "top center"  # on its own bar
             shown = [(text, n) for text, n in zip(trace.text, trace.x[1]) if text]
-            assert shown and all(n == "N=1024" for _, n in shown)
+            assert shown and all(n == f"N={max(e.num_shards for e in explorer.estimates)}" for _, n in shown)
             assert all(re.fullmatch(r"[\d,]+(\.\d+)? GB", text) and "e+" not in text for text, _ in shown), shown
 
 
@@ -146,8 +150,9 @@ def test_memory_explorer_draws_the_device_capacity_and_the_largest_micro_batch_t
     from workbench.views.memory_explorer import build_memory_explorer, largest_micro_batch
 
     explorer = build_memory_explorer("llama-3-8b", num_shards=(8, 512), device_memory_gb=80)
-    line = [s for s in explorer.figure.layout.shapes if s.name == "capacity"]
-    assert len(line) == 1 and line[0].y0 == line[0].y1 == pytest.approx(80)
+    line = [t for t in explorer.figure.data if t.name == "device memory 80 GB"]
+    assert len(line) == 1 and list(line[0].y) == pytest.approx([80] * len(line[0].y)) and len(line[0].y) == len(explorer.estimates)
+    assert line[0].line.dash == "dash" and line[0].mode == "lines"
     text = explorer.capacity.value
     assert "Largest micro-batch that fits 80 GB at N=512" in text
     for e in [e for e in explorer.estimates if e.num_shards == 512]:
@@ -160,7 +165,8 @@ def test_memory_explorer_draws_the_device_capacity_and_the_largest_micro_batch_t
             assert at(1) > 80e9, e.strategy
     assert "Does not fit" in text and "ddp needs 159 GB" in text  # DDP's 159 GB on an 80 GB device
     explorer.controls["device_memory"].value = 192e9
-    assert explorer.figure.layout.shapes[-1].y0 == pytest.approx(192) and "Does not fit" not in explorer.capacity.value
+    line = [t for t in explorer.figure.data if t.name == "device memory 192 GB"]
+    assert list(line[0].y) == pytest.approx([192] * len(line[0].y)) and "Does not fit" not in explorer.capacity.value
     assert explorer.code_line().endswith("device_memory_gb=192)")
     huge = build_memory_explorer("llama-3-70b", param_dtype="float32", master_dtype=None,
                                  update_copies="parameters_and_state", micro_batch_size=64, seq_len=32768,

@@ -16,7 +16,7 @@ from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, UPDATE_COPIES
 from workbench.estimate.grid import POWERS_OF_TWO, estimate_breakdowns, powers_between
 from workbench.views.memory import UNITS, breakdown_summary, fig_memory_breakdown
-from workbench.views.style import TEMPLATE, hline
+from workbench.views.style import TEMPLATE
 from workbench.views.widget_sync import WidthProbe, busy, slider_layout, sync_figure_widget, wrapping_row
 from workbench.views.widgets import FIGURE_WIDTH
 
@@ -67,13 +67,29 @@ def capacity_html(estimates: Sequence[MemoryEstimate], micro_batch_size: int, ca
     return html.escape(f"Largest micro-batch that fits {cap} at N={n}: {parts}") + warn
 
 
-def fig_memory_explorer(estimates: Sequence[MemoryEstimate], capacity_bytes: float):
-    """:func:`~workbench.views.memory.fig_memory_breakdown` in GB with a dashed capacity line (shape named
-    ``"capacity"``), every N labelled on the axis (plotly skipped every other category, so the labels
-    alternated between strategy groups), and each peak number centred on its own bar, in GB with thousands
+#: The capacity line's trace name (and legend entry), with the device's GB.
+CAPACITY_NAME = "device memory {} GB"
+#: Pixels a vertical N label needs beside the next; pixels of a figure's width that are not the plot
+#: (its margins and the legend on the right).
+LABEL_PX, NOT_PLOT_PX = 11, 280
+
+
+def label_step(num_bars: int, per_strategy: int, width_px: int) -> int:
+    """Every how many N the x axis labels: the smallest divisor of the N per strategy that leaves each label
+    :data:`LABEL_PX`, so that every strategy labels the same N (plotly's own choice, every other category,
+    labelled N=8, 32 under one strategy and N=16, 64 under the next)."""
+    room = max(width_px - NOT_PLOT_PX, 1) / num_bars
+    return next((k for k in range(1, per_strategy + 1) if per_strategy % k == 0 and room * k >= LABEL_PX),
+                per_strategy)
+
+
+def fig_memory_explorer(estimates: Sequence[MemoryEstimate], capacity_bytes: float, width_px: int):
+    """:func:`~workbench.views.memory.fig_memory_breakdown` in GB with a dashed capacity line (a line trace,
+    :data:`CAPACITY_NAME`, in the legend where a label would sit on the bars), every N labelled on the axis (plotly skipped every other category, so the labels
+    alternated between strategy groups; :func:`label_step` at ``width_px``), and each peak number centred on its own bar, in GB with thousands
     (they leaned onto the next bar and read "1.81e+06")."""
     unit, per = UNITS["GB"], len(estimates) / len({e.strategy for e in estimates})
-    some = "" if per <= 3 else "; numbers at the largest N of each, hover for the rest"
+    some = "" if per <= 3 else "<br>numbers at the largest N of each strategy; hover for the rest"
     fig = fig_memory_breakdown(estimates, unit="GB", title=(
         f"Memory per rank at the peak, {format_params(estimates[0].num_params)}<br><sup>solid: model states; "
         f"hatched: the transient phase that sets the peak (backward or step){some}</sup>"))
@@ -83,12 +99,12 @@ def fig_memory_explorer(estimates: Sequence[MemoryEstimate], capacity_bytes: flo
             trace.text = [f"{format_number(y)} GB" if per <= 3 or n == f"N={top}" else ""
                           for y, n in zip(trace.y, trace.x[1])]
             trace.textposition = "top center"
-    fig.layout.xaxis.update(nticks=len(estimates), tickangle=-90 if per > 3 else 0, tickfont=dict(size=10))
-    line = hline(capacity_bytes / unit, "x", "y", "capacity", dash="dash")
-    fig.add_shape({**line, "line": {**line["line"], "color": "#B00020", "width": 2}})
-    fig.add_annotation(text=f"device memory {format_number(capacity_bytes / unit)} GB", xref="paper", x=1,
-                       xanchor="right", y=capacity_bytes / unit, yanchor="bottom", showarrow=False,
-                       font=dict(size=11, color="#B00020"))
+    step = label_step(len(estimates), int(per), width_px)
+    fig.layout.xaxis.update(tickmode="linear", tick0=0, dtick=step, tickangle=-90 if per > 3 else 0, tickfont=dict(size=10))
+    x = [list(level) for level in fig.data[0].x]
+    fig.add_scatter(x=x, y=[capacity_bytes / unit] * len(x[0]), mode="lines", name=CAPACITY_NAME.format(
+        format_number(capacity_bytes / unit)), line=dict(color="#B00020", width=2, dash="dash"),
+        hovertemplate="device memory %{y:,.0f} GB<extra></extra>")
     return fig
 
 
@@ -167,11 +183,12 @@ class MemoryExplorer(widgets.VBox):
             capacity = v.pop("device_memory")
             try:
                 estimates = estimate_breakdowns(v.pop("model"), num_shards=powers_between(*v.pop("num_shards")), **v)
-                fig = fig_memory_explorer(estimates, capacity)
+                width = self.probe.figure_width(FIGURE_WIDTH)
+                fig = fig_memory_explorer(estimates, capacity, width)
             except ValueError as err:
                 self.status.value = f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span>"
                 return False
-            fig.layout.width = self.probe.figure_width(FIGURE_WIDTH)
+            fig.layout.width = width
             self._shown, self.estimates = sync_figure_widget(self.figure, fig, self._shown), estimates
             self.code.value = f"<code style='user-select:all'>{html.escape(self.code_line())}</code>"
             self.capacity.value = capacity_html(estimates, v["micro_batch_size"], capacity)
