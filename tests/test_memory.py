@@ -198,6 +198,54 @@ def test_update_copies_rows():
     assert ddp.total_bytes == theory.total_bytes + 8 * psi and ddp.peak_phase == "step"
 
 
+def test_resident_fsdp_keeps_a_master_shard_with_its_padding():
+    """MLX's resident FSDP (issue 30): the new parameter tree of "parameters", and each bucket's master shard for
+    the run, in the parameters' dtype (master_weights, sharded, at rest): in both phases, and padded where flat."""
+    spec, n = tiny_spec("float32"), 4
+    plan = plan_buckets(spec, 512)
+    knobs = dict(param_dtype="float32", master_dtype=None, optimizer="adamw", bucket_plan=plan,
+                 shard_plan=plan_shards(plan, n, "flat"), activation_bytes=10**6)
+    plain = estimate_memory(spec, "fsdp-flat", n, update_copies="parameters", **knobs)
+    resident = estimate_memory(spec, "fsdp-flat", n, update_copies="parameters_and_master_shard", **knobs)
+    pad_elems = -(-int(plan_shards(plan, n, "flat").rank_padding_bytes.max()) // 4)
+    assert plain["master_weights"] == 0 and resident["master_weights"] == -(-4 * spec.num_params // n)
+    assert resident["flat_padding"] - plain["flat_padding"] == 4 * pad_elems  # the shard's padding too
+    assert resident.phase_bytes("step") == plain.phase_bytes("step") and resident.peak_phase == "backward"
+    assert resident.total_bytes - plain.total_bytes == resident["master_weights"] + 4 * pad_elems
+    # a master copy already given (fp32 beside bf16 parameters) is that shard: nothing more
+    mixed = dict(knobs, param_dtype="bfloat16", master_dtype="float32")
+    assert estimate_memory(spec, "fsdp-flat", n, update_copies="parameters_and_master_shard", **mixed).as_dict() == \
+        estimate_memory(spec, "fsdp-flat", n, update_copies="parameters", **mixed).as_dict()
+
+
+def test_a_runs_update_copies_are_its_implementations():
+    """Each framework's step says what it writes beside the arrays it updates (the strategy records), and the
+    run's estimate reads it: JAX's donated FSDP step nothing, MLX's resident FSDP the master shard."""
+    from workbench.runs.estimate import estimate_run_memory
+    from workbench.runs.spec import VALIDATION_MODEL, RunSpec
+    from workbench.strategies import Implementation, get_strategy, strategies
+
+    want = {("mlx", "ddp"): "parameters", ("mlx", "fsdp-row"): "parameters_and_master_shard",
+            ("mlx", "fsdp-flat"): "parameters_and_master_shard", ("mlx", "fsdp-full"): "parameters",
+            ("mlx", "mlx-fully-shard"): "parameters", ("jax", "ddp"): "parameters_and_state",
+            ("jax", "fsdp-row"): "none", ("jax", "fsdp-flat"): "none", ("jax", "fsdp-full"): "parameters_and_state"}
+    assert {(i.framework, s.name): i.update_copies for s in strategies() for i in s.implementations} == want
+    assert get_strategy("zero2").update_copies("jax") == "parameters_and_state"  # modelled only: its DDP step's
+    assert get_strategy("fsdp-row").update_copies("mlx") == "parameters_and_master_shard"
+    with pytest.raises(ValueError, match="update_copies='some'"):
+        Implementation(framework="mlx", builder="m:f", update_copies="some")
+
+    def run(framework, strategy):
+        return estimate_run_memory(RunSpec(framework=framework, strategy=strategy, num_ranks=2, global_batch=8,
+                                           model=VALIDATION_MODEL, communication_size=2**20))
+    p = run("mlx", "ddp")["parameters"]
+    mlx, jax = run("mlx", "fsdp-row"), run("jax", "fsdp-row")
+    assert (mlx["master_weights"], mlx["updated_parameters"], mlx["updated_optimizer_state"]) == (p // 2, p, 0)
+    assert (jax["master_weights"], jax["updated_parameters"], jax["updated_optimizer_state"]) == (0, 0, 0)
+    assert run("jax", "ddp")["updated_optimizer_state"] == 2 * p  # not donated: new AdamW state beside the old
+    assert get_strategy("fsdp-row").implementation("jax").update_copies == "none"
+
+
 def test_backward_and_step_transients_do_not_add():
     est = estimate_memory(10**6, "fsdp", 2, param_dtype="float32", master_dtype=None, update_copies="parameters",
                           activation_bytes=10**9)

@@ -125,3 +125,33 @@ def test_the_runs_trainer_keeps_the_state_resident_and_equals_the_stateless_step
     assert num_buckets >= 2 and cuts == [list(range(num_buckets)), [], [], list(range(num_buckets))]
     assert sorted(trainer.optimizer.state) == sorted(ref_opt.state)  # one state per bucket, the same keys
 
+
+def test_a_group_of_one_reads_its_parameters_from_the_master_shards():
+    """At rest between steps the trainer holds the parameters and the AdamW state, and at N = 1 nothing more: the
+    gathered bucket is the master shard itself and the parameters are views of it, as the memory model's rows
+    say (the master shard is counted from N = 2 on, where the 2-rank runs of tests/test_validation.py hold it)."""
+    import gc
+
+    from workbench.adapters.mlx.base import spec_from_mlx
+    from workbench.estimate.memory import estimate_memory
+    from workbench.strategies import get_strategy
+
+    cfg = LMConfig(vocab_size=256, seq_len=16, dim=128, num_layers=2, num_heads=4, mlp_dim=512)
+    for layout in ("row", "flat"):
+        gc.collect()
+        before = mx.get_active_memory()
+        model = load_params(MLXLM(cfg), init_lm_params(cfg, seed=3))
+        trainer = make_trainer(model, optim.AdamW(1e-3), strategy=f"fsdp-{layout}", communication_size=2**18,
+                               max_norm=1.0)
+        for step in range(2):
+            tokens = np.random.default_rng(step).integers(0, cfg.vocab_size, (2, cfg.seq_len + 1))
+            trainer.step(lm_loss, mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]))
+        del tokens
+        gc.collect()
+        rest = mx.get_active_memory() - before
+        copies = get_strategy(f"fsdp-{layout}").implementation("mlx").update_copies
+        knobs = dict(param_dtype="float32", master_dtype=None, optimizer="adamw", update_copies=copies)
+        one, two = (estimate_memory(spec_from_mlx(model.parameters()), f"fsdp-{layout}", n, **knobs) for n in (1, 2))
+        assert one["master_weights"] == 0 and two["master_weights"] == two["parameters"] // 2 > 2**19
+        assert rest == pytest.approx(one["parameters"] + one["optimizer_state"], rel=0.02), layout
+        del model, trainer

@@ -14,13 +14,11 @@ from workbench.core.buckets import BucketPlan
 from workbench.core.checks import integer
 from workbench.core.shards import ShardPlan
 from workbench.core.specs import DTYPE_BYTES, canonical_dtype
-from workbench.strategies import NAMES, Strategy, get_strategy, strategies
+from workbench.strategies import NAMES, UPDATE_COPIES, Strategy, get_strategy, strategies
 
 STRATEGIES = NAMES  # every registered strategy can be estimated (workbench.strategies)
 #: Optimizer states kept per parameter (SGD none, momentum one buffer, Adam/AdamW m and v).
 OPTIMIZER_NUM_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
-#: What a step copies instead of updating in place (``update_copies``).
-UPDATE_COPIES = ("none", "parameters", "parameters_and_state")
 #: What a ZeRO-3 unit's backward holds beside the states (``unit_buffers``; see estimate_memory).
 UNIT_BUFFERS = ("parameters_and_gradients", "mlx", "sum_scatter_ring")
 
@@ -83,7 +81,11 @@ class MemoryKnobs:
             second tree too; FSDP releases its gradient shards bucket by bucket as the new tree
             fills, so they add nothing at the peak; optimizer state reuses its buffers).
             ``"parameters_and_state"``: also new optimizer state and master weights (a jitted JAX
-            step without ``donate_argnums``).
+            step without ``donate_argnums``). ``"parameters_and_master_shard"``: ``"parameters"``, and a
+            master copy of this rank's shard of the parameters kept for the run (the ``master_weights``
+            row, in ``param_dtype`` where ``master_dtype`` gives none, with its padding; none at N = 1, where
+            the parameters are views of the shard): MLX's resident FSDP step (:class:`~workbench.adapters.mlx.resident.ResidentFsdp`, issue 30). A run takes its
+            implementation's (:attr:`workbench.strategies.Implementation.update_copies`).
         num_microbatches: G, micro-batches per optimizer step. With G > 1 the ``gradient_accumulator``
             row (``backward`` phase) holds the earlier micro-batches' summed gradient, in ``grad_dtype``,
             beside the current one's (the ``gradients`` row), as the MLX trainers of

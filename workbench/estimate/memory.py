@@ -38,13 +38,7 @@ from workbench.core.presets import is_expert_param
 from workbench.core.specs import ModelSpec, canonical_dtype
 from workbench.estimate.activations import largest_unit_params
 from workbench.estimate.breakdown import MemoryComponent, MemoryEstimate
-from workbench.estimate.knobs import (
-    OPTIMIZER_NUM_STATES,
-    UPDATE_COPIES,
-    MemoryKnobs,
-    count_knob,
-    dtype_bytes,
-)
+from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, MemoryKnobs, count_knob, dtype_bytes
 
 
 def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp", num_shards: int = 1,
@@ -148,6 +142,10 @@ class _Bytes:
         mb = dtype_bytes("master_dtype", k.master_dtype) if k.master_dtype is not None else 0
         if mb and canonical_dtype(k.master_dtype) == canonical_dtype(param_dtype):
             mb = 0  # the parameters are the master copy
+        if k.update_copies == "parameters_and_master_shard" and not mb and k.num_shards > 1:
+            # A master copy of the shard kept for the run, in the parameters' dtype (MLX's resident FSDP); a group
+            # of one gathers nothing, and its parameters are views of the shard (measured: test_resident_mlx_local).
+            mb = pb
         ob = OPTIMIZER_NUM_STATES[k.optimizer] * dtype_bytes("optimizer_state_dtype", k.optimizer_state_dtype)
         ab = dtype_bytes("grad_accum_dtype", k.grad_accum_dtype) if k.grad_accum_dtype is not None else 0
         return cls(pb, gb, mb, ob, ab)
@@ -188,12 +186,13 @@ def _padding_row(k: MemoryKnobs, b: _Bytes) -> MemoryComponent:
 def _step_rows(k: MemoryKnobs, b: _Bytes, psi: int, psi_e: int) -> list[MemoryComponent]:
     """Update copies and collective buffers: what exists while gradients sync and the update runs."""
     sp, _, so = k.sharded
-    copies = UPDATE_COPIES.index(k.update_copies)  # 0 none, 1 parameters, 2 parameters and state
+    copies = k.update_copies != "none"  # a new parameter tree beside the old
+    state_copies = k.update_copies == "parameters_and_state"
     rows = [
         _state(k, psi, psi_e, "reduced_gradients", b.grad if copies and k.record.family == "data_parallel" else 0, False,
                "averaged gradients beside the local ones"),
         _state(k, psi, psi_e, "updated_parameters", b.param if copies else 0, sp, "new parameters beside the old"),
-        _state(k, psi, psi_e, "updated_optimizer_state", b.master + b.optimizer + b.accum if copies == 2 else 0, so,
+        _state(k, psi, psi_e, "updated_optimizer_state", b.master + b.optimizer + b.accum if state_copies else 0, so,
                "new master weights and optimizer state beside the old"),
     ]
     ar = rs = ag = 0

@@ -110,7 +110,8 @@ def train_mlx(spec: RunSpec, handle) -> dict:
             "fingerprint_exchange_s": exchange_s, "initial_weights_sha256": fingerprint["initial_weights"],
             "peak_array_bytes": peak_array_bytes(),
             "collectives": {kind: int(report.get(key, 0)) for kind, key in COLLECTIVE_KEYS.items()},
-            "measured_memory": {"parameters": tree_nbytes(params), "optimizer_state": optimizer_state_bytes(opt),
+            "measured_memory": {"parameters": tree_nbytes(params),
+                                "optimizer_state": optimizer_state_bytes(opt) + _master_shard_bytes(trainer, size),
                                 "peak": peak_array_bytes(), "peak_source": "mx.get_peak_memory"},
             "versions": package_versions()}
 
@@ -132,6 +133,14 @@ def _fully_shard_trainer(record, model, opt, group, run_scope: contextlib.ExitSt
     found = check_sum_scatter(group, timeout_s=SUM_SCATTER_CHECK_S)
     module, _, name = record.implementation("mlx").builder.partition(":")
     return getattr(importlib.import_module(module), name)(model, opt, group, **accum), found
+
+
+def _master_shard_bytes(trainer, num_ranks: int) -> int:
+    """Bytes of the master shards a resident FSDP trainer keeps for the run (the sharded state beside the optimizer's,
+    as the memory model counts it: ``master_weights``); 0 for other trainers, and for a group of one, whose
+    parameters are views of its shards."""
+    resident = getattr(trainer, "resident", None)
+    return int(sum(v.nbytes for v in resident.shards.values())) if resident is not None and num_ranks > 1 else 0
 
 
 def _numpy(array):

@@ -3,9 +3,10 @@
 :func:`estimate_run_memory` turns a :class:`~workbench.runs.spec.RunSpec` into the
 :func:`~workbench.estimate.memory.estimate_memory` call that describes it: the LM's parameter shapes,
 the strategy, precision and optimizer, the bucket and shard plans of its
-``communication_size``, activations, and how the framework's step updates (MLX returns a new
-parameter tree and reuses optimizer buffers; a jitted JAX step without donation returns new
-parameters and new optimizer state). :mod:`workbench.studies.memory` sets it beside what the
+``communication_size``, activations, and what the framework's step writes beside the arrays it updates
+(:meth:`~workbench.strategies.Strategy.update_copies`: MLX's new parameter tree, and its resident FSDP's
+master shards; a jitted JAX step's new parameters and optimizer state, none where it is donated, as JAX's
+resident FSDP step). :mod:`workbench.studies.memory` sets it beside what the
 ranks measured.
 """
 
@@ -30,9 +31,6 @@ from workbench.estimate.step_time import (
 )
 from workbench.models.init import LMConfig, lm_model_spec
 from workbench.strategies import StepShape, get_strategy
-
-#: What each framework's step writes beside the old arrays (``estimate_memory(update_copies=...)``).
-FRAMEWORK_UPDATE_COPIES = {"mlx": "parameters", "jax": "parameters_and_state"}
 
 
 def run_model_spec(spec: Any, model_shapes: Any = None) -> ModelSpec:
@@ -117,7 +115,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     return estimate_memory(
         model, strategy, n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
         optimizer_state_dtype=precision, bucket_plan=buckets if by_buckets else None,
-        shard_plan=shard_plan, update_copies=FRAMEWORK_UPDATE_COPIES[fields["framework"]],
+        shard_plan=shard_plan, update_copies=record.update_copies(fields["framework"]),
         num_microbatches=g, defer_sync=defer, reshard_after_forward=record.reshard_after_forward, units=units,
         unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), recompute))

@@ -8,8 +8,8 @@ from workbench.strategies import ddp  # noqa: F401  isort: skip
 from workbench.strategies import zero  # noqa: F401  isort: skip
 from workbench.strategies import zero3  # noqa: F401  isort: skip
 from workbench.strategies import fully_shard  # noqa: F401  isort: skip
-from workbench.strategies.base import (FAMILIES, LAYOUTS, Collective, Implementation, Sharded, StepShape, Strategy,
-                                       get_strategy, strategies)
+from workbench.strategies.base import (FAMILIES, LAYOUTS, UPDATE_COPIES, Collective, Implementation, Sharded, StepShape,
+                                       Strategy, get_strategy, strategies)
 from workbench.strategies.collectives import COLLECTIVE_KINDS, COLLECTIVES, bus_factor, ring_steps
 
 #: Every registered strategy, by name: what the memory and communication models estimate.
@@ -18,4 +18,4 @@ NAMES = tuple(s.name for s in strategies())
 RUN_NAMES = tuple(s.name for s in strategies() if s.frameworks)
 
 __all__ = ["COLLECTIVES", "COLLECTIVE_KINDS", "FAMILIES", "LAYOUTS", "NAMES", "RUN_NAMES", "Collective", "Implementation", "Sharded",
-           "StepShape", "Strategy", "bus_factor", "get_strategy", "ring_steps", "strategies"]
+           "StepShape", "Strategy", "UPDATE_COPIES", "bus_factor", "get_strategy", "ring_steps", "strategies"]

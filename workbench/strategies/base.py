@@ -27,6 +27,9 @@ FAMILIES = ("data_parallel", "zero_1_2", "zero_3", "fully_shard")
 LAYOUTS = ("row", "flat")
 #: The global-norm all-reduce an implementation issues: always, only when ``max_norm`` is set, never.
 NORM_POLICIES = ("always", "max_norm", "never")
+#: What a step writes beside the arrays it updates, or keeps beside them for the run (``update_copies`` of
+#: :class:`Implementation` and of :func:`workbench.estimate.memory.estimate_memory`, which says what each holds).
+UPDATE_COPIES = ("none", "parameters", "parameters_and_state", "parameters_and_master_shard")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,12 @@ class Implementation:
             (``"parameters_and_gradients"``, or ``"mlx"``: MLX's gathered bucket and its rebuilt copies).
         defers_sync: With G > 1 micro-batches, the step can sync once, after the last (False: every
             micro-batch's backward syncs, as ``fully_shard``'s custom VJP does).
+        update_copies: What the step writes beside the arrays it updates, or keeps beside them for the run
+            (:data:`UPDATE_COPIES`, for the memory model): ``"parameters"``, MLX's functional update (a new
+            parameter tree beside the old; the optimizer state reuses its buffers); ``"parameters_and_state"``,
+            a jitted JAX step without donation (new parameters and new optimizer state); ``"none"``, a step
+            whose buffers are donated (JAX's resident FSDP step, issue 30); ``"parameters_and_master_shard"``,
+            MLX's resident FSDP step (a new parameter tree, and each bucket's master shard kept for the run).
     """
 
     framework: str
@@ -64,11 +73,15 @@ class Implementation:
     norm: str = "never"
     unit_buffers: str = "parameters_and_gradients"
     defers_sync: bool = True
+    update_copies: str = "parameters"
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_POLICIES or self.sync_per not in ("bucket", "array", "unit"):
             raise ValueError(f"Implementation {self.framework}:{self.builder}: norm={self.norm!r} or "
                              f"sync_per={self.sync_per!r} is not one of {NORM_POLICIES} / bucket, array, unit.")
+        if self.update_copies not in UPDATE_COPIES:
+            raise ValueError(f"Implementation {self.framework}:{self.builder}: update_copies={self.update_copies!r} "
+                             f"is not one of {', '.join(UPDATE_COPIES)}.")
 
     def reduces_norm(self, max_norm_set: bool) -> bool:
         """Whether the step all-reduces the gradient norm (once per step)."""
@@ -183,6 +196,12 @@ class Strategy:
         raise ValueError(f"strategy {self.name!r} has no {framework!r} implementation (it runs in: "
                          f"{', '.join(self.frameworks) or 'none, it is modelled only'}); {framework} runs: "
                          f"{', '.join(runs)}.")
+
+    def update_copies(self, framework: str) -> str:
+        """What ``framework``'s step writes beside the arrays it updates, or keeps for the run (the memory model's
+        ``update_copies``): its implementation's; for a strategy ``framework`` only models, its DDP step's."""
+        impl = self if framework in self.frameworks else get_strategy("ddp")
+        return impl.implementation(framework).update_copies
 
     def check_model(self, spec: ModelSpec, num_ranks: int, communication_size: int) -> None:
         """Raise a ValueError naming what of ``spec`` this strategy cannot split over ``num_ranks`` (nothing for

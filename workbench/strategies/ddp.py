@@ -8,5 +8,6 @@ DDP = register(Strategy(
     implementations=(
         Implementation(framework="mlx", builder="workbench.adapters.mlx.accum:make_trainer"),
         # JAX's DDP step all-reduces each array (XLA may merge them: the runs' compiled_collectives show it).
-        Implementation(framework="jax", builder="workbench.adapters.jax.fsdp:make_ddp_step", sync_per="array"),
+        Implementation(framework="jax", builder="workbench.adapters.jax.fsdp:make_ddp_step", sync_per="array",
+                       update_copies="parameters_and_state"),  # not donated: new parameters and state
     )))

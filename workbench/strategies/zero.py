@@ -12,8 +12,12 @@ _OPTIMIZER_SIDE = Sharded(parameters=False, gradients=False, optimizer=True)
 
 
 def _runs() -> tuple[Implementation, ...]:
-    return (Implementation(framework="mlx", builder="workbench.adapters.mlx.accum:make_trainer", norm="always"),
-            Implementation(framework="jax", builder="workbench.adapters.jax.fsdp:make_fsdp_step", norm="max_norm"))
+    # Both keep the state resident in the bucket layout (issue 30): MLX each bucket's master shard beside the
+    # parameter tree (its update still returns a new tree), JAX the bucket buffers, donated to every step.
+    return (Implementation(framework="mlx", builder="workbench.adapters.mlx.accum:make_trainer", norm="always",
+                           update_copies="parameters_and_master_shard"),
+            Implementation(framework="jax", builder="workbench.adapters.jax.fsdp:make_fsdp_step", norm="max_norm",
+                           update_copies="none"))
 
 
 ZERO1 = register(Strategy(

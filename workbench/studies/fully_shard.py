@@ -29,7 +29,6 @@ from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
 from workbench.models.init import LMConfig
 from workbench.runs.estimate import (
-    FRAMEWORK_UPDATE_COPIES,
     estimate_run_activation_bytes,
     estimate_run_memory,
     run_model_spec,
@@ -97,7 +96,7 @@ def estimate_comparison_memory(spec: Any, reshard_after_forward: bool | None = N
     return estimate_memory(
         run_model_spec(fields), fields["strategy"], n, param_dtype=precision, master_dtype=None,
         optimizer=fields["optimizer"], optimizer_state_dtype=precision,
-        update_copies=FRAMEWORK_UPDATE_COPIES[fields["framework"]], num_microbatches=g, defer_sync=defer,
+        update_copies=impl.update_copies, num_microbatches=g, defer_sync=defer,
         reshard_after_forward=reshard, unit_buffers=impl.unit_buffers, activation_bytes=activations)
 
 
