@@ -85,7 +85,7 @@ def profile_of(spec, compute=(0.02, 0.04), update_s=0.004, forward=None, cores=N
                 "optimizer_state_bytes": 2 * nbytes, "update_s": update_s, "truth_source": "test",
                 "plan_activation_bytes": None, "peak_rss_bytes": 1, "peak_array_bytes": None, "versions": {},
                 "forward_s_samples": None if forward is None else [[forward[0]], [forward[1]]], "cores": cores,
-                "step_s_samples": None if step is None else [[step[0]], [step[1]]], "co_runners": co_runners}
+                "step_s_samples": None if step is None else list(step), "co_runners": co_runners}
     return profile_from_measurements(measured, profile_key_fields(spec, 1, co_runners), cost_s=1.0)
 
 
@@ -191,8 +191,8 @@ def test_the_trainers_step_overhead_is_a_term_of_its_own_once_per_step():
     """The profile times the real trainer's step beside its parts; what the step takes beyond them is predicted
     once per step (not per micro-batch), slowed as compute is, and is named where the rest of a step is off."""
     spec = RunSpec(framework="mlx", strategy="ddp", num_ranks=2, global_batch=8, model=LM)
-    # steps of 30 ms (b = 2) and 51 ms (b = 4): beyond 20 + 4 and 40 + 4 ms of compute and update, 6 and 7 ms
-    profile = profile_of(spec, step=(0.030, 0.051))
+    # steps of 30 and 31 ms at b = 2: beyond 20 + 4 ms of compute and update, 6.5 ms
+    profile = profile_of(spec, step=(0.030, 0.031))
     assert profile.step_overhead_s == pytest.approx(0.0065)
     p = predict_run_step_time(spec, profile, LINKS)
     assert p.overhead_s == pytest.approx(0.0065) and p.term_s("overhead") == p.overhead_s
@@ -201,7 +201,7 @@ def test_the_trainers_step_overhead_is_a_term_of_its_own_once_per_step():
     assert accum.overhead_s == pytest.approx(0.0065) and accum.compute_s == pytest.approx(2 * p.compute_s)
     assert predict_run_step_time(spec, profile_of(spec), LINKS).overhead_s == 0  # a profile that did not time it
     slow = predict_run_step_time(dict(spec.to_dict(), num_ranks=4, global_batch=16), profile_of(spec, cores=2,
-                                                                                                step=(0.030, 0.051)), LINKS)
+                                                                                                step=(0.030, 0.031)), LINKS)
     assert slow.overhead_s == pytest.approx(2 * 0.0065)  # 4 ranks of 1 thread on 2 cores: CPU work at half speed
     big = StepTimePrediction(compute_s=0.01, update_s=0.001, comm_s=0.001, per_bucket_s=0.0, overhead_s=0.02)
     assert off_term(big, 0.1, measured_sync_s=0.002)[0] == "overhead"

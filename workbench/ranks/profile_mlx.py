@@ -9,7 +9,7 @@ The activation bytes of a measurement are that peak above the arrays live before
 state, the batch), less the gradients it produced (a run's estimate counts those as a state). Also timed:
 forward and backward (seconds), forward alone (what a rank recomputes in backward where
 its units reshard after forward), and the optimizer's update of the whole model (seconds, over the parameter
-bytes). Last, the step a rank really runs, timed as :mod:`workbench.ranks.train_mlx` times it: DDP's trainer
+bytes). Last, at the smallest size, the step a rank really runs, timed as :mod:`workbench.ranks.train_mlx` times it: DDP's trainer
 (:func:`~workbench.adapters.mlx.accum.make_trainer`, one micro-batch, the run's ``max_norm`` or an infinite one,
 as the rank asks) on MLX's group of one, whose collectives do nothing; what it takes beyond forward, backward
 and update is the step's overhead (evaluation barriers, tree maps, the norm, the update's calls, Python).
@@ -84,7 +84,7 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         compute.append(seconds)
         inputs, targets = (mx.array(a) for a in token_batch(spec, b))
         forward.append(timed(lambda: mx.eval(loss_fn(model, inputs, targets)), repeats))
-    step = [measure_trainer_step(spec, model, loss_fn, opt, b, repeats) for b in sizes]
+    step = measure_trainer_step(spec, model, loss_fn, opt, sizes[0], repeats)  # its overhead does not grow with b
     return {"framework": "mlx", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": tree_nbytes(model.trainable_parameters()), "gradient_bytes": gradient_bytes,
             "optimizer_state_bytes": optimizer_state_bytes(opt), "activation_samples": activation,

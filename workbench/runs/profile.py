@@ -104,7 +104,7 @@ class ModelProfile:
         activation_fit: Bytes against ``b``, fitted to each size's largest sample.
         compute_fit: Seconds against ``b``, fitted to each size's median.
         forward_fit: The same of the forward alone, or None.
-        step_s_samples: MLX: per size, each measurement's seconds of the trainer's whole step (DDP's
+        step_s_samples: MLX: at the smallest size, each measurement's seconds of the trainer's whole step (DDP's
             :func:`~workbench.adapters.mlx.accum.make_trainer` on a group of one, one micro-batch, timed as
             :mod:`workbench.ranks.train_mlx` times it); None where not measured (JAX).
         co_runners: Profiling processes that measured at once (the ranks a run puts on a host); every
@@ -134,7 +134,7 @@ class ModelProfile:
     versions: dict = field(default_factory=dict)
     forward_s_samples: tuple[tuple[float, ...], ...] | None = None
     cores: int | None = None
-    step_s_samples: tuple[tuple[float, ...], ...] | None = None
+    step_s_samples: tuple[float, ...] | None = None
     co_runners: int = 1
     activation_fit: LinearFit = field(init=False)
     compute_fit: LinearFit = field(init=False)
@@ -153,8 +153,8 @@ class ModelProfile:
             raise ValueError(f"a profile's forward_s_samples need one row for each of the sizes {list(sizes)}")
         object.__setattr__(self, "forward_fit", None if forward is None else fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in forward], what="forward_s"))
-        if self.step_s_samples is not None and len(self.step_s_samples) != len(sizes):
-            raise ValueError(f"a profile's step_s_samples need one row for each of the sizes {list(sizes)}")
+        if self.step_s_samples is not None and not self.step_s_samples:
+            raise ValueError("a profile's step_s_samples: one or more seconds, or None")
         if isinstance(self.co_runners, bool) or not isinstance(self.co_runners, int) or self.co_runners < 1:
             raise ValueError(f"co_runners={self.co_runners!r}: an integer >= 1")
 
@@ -181,14 +181,13 @@ class ModelProfile:
 
     @property
     def step_overhead_s(self) -> float | None:
-        """Seconds the trainer's step spends beyond forward, backward and the whole model's update (>= 0): per size,
-        the median step less the median forward and backward and the update; their median over the sizes (it
-        does not grow with the micro-batch). None where the step was not timed."""
+        """Seconds the trainer's step spends beyond forward, backward and the whole model's update (>= 0): at the
+        smallest size, the median step less the median forward and backward and the update (it does not grow with
+        the micro-batch; there the compute, and its noise, is least). None where the step was not timed."""
         if self.step_s_samples is None:
             return None
-        over = [float(np.median(step)) - float(np.median(bare)) - self.update_s
-                for step, bare in zip(self.step_s_samples, self.compute_s_samples)]
-        return max(0.0, float(np.median(over)))
+        over = float(np.median(self.step_s_samples)) - float(np.median(self.compute_s_samples[0])) - self.update_s
+        return max(0.0, over)
 
     def forward_s_at(self, micro_batch_size: int) -> float:
         """Forward seconds of one micro-batch (>= 0); a third of :meth:`compute_s_at` where the profile has no
@@ -203,7 +202,7 @@ class ModelProfile:
                "activation_samples": [list(s) for s in self.activation_samples],
                "compute_s_samples": [list(s) for s in self.compute_s_samples],
                "forward_s_samples": None if self.forward_s_samples is None else [list(s) for s in self.forward_s_samples],
-               "step_s_samples": None if self.step_s_samples is None else [list(s) for s in self.step_s_samples],
+               "step_s_samples": None if self.step_s_samples is None else list(self.step_s_samples),
                "plan_activation_bytes": None if self.plan_activation_bytes is None
                else list(self.plan_activation_bytes)}
         for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
@@ -233,7 +232,7 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
         else tuple(tuple(float(v) for v in s) for s in measured["forward_s_samples"]),
         cores=None if measured.get("cores") is None else int(measured["cores"]),
         step_s_samples=None if measured.get("step_s_samples") is None
-        else tuple(tuple(float(v) for v in s) for s in measured["step_s_samples"]),
+        else tuple(float(v) for v in measured["step_s_samples"]),
         co_runners=int(measured.get("co_runners") or 1))
 
 
