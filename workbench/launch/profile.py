@@ -121,9 +121,9 @@ def merge_co_runners(results: Sequence[dict]) -> dict:
         rows = [r.get(name) for r in results]
         if all(row is not None for row in rows):
             merged[name] = [[v for row in rows for v in row[i]] for i in range(len(rows[0]))]
-    steps = [r.get("step_s_samples") for r in results]  # at one size: one list each
-    if all(s is not None for s in steps):
-        merged["step_s_samples"] = [v for s in steps for v in s]
+    for name in ("step_s_samples", "step_bare_s_samples"):  # at one size: one list each
+        if all(r.get(name) is not None for r in results):
+            merged[name] = [v for r in results for v in r[name]]
     merged["update_s"] = float(sorted(r["update_s"] for r in results)[len(results) // 2])
     merged["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in results)
     return merged

@@ -42,9 +42,8 @@ from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_
 
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
-#: The record's layout and what its times mean; a file of another version is refused, naming it, and the version
-#: is part of the cache key. 2: the trainer's step is timed (``step_s_samples``) and ``co_runners`` processes
-#: measure at once (1 measured neither: its compute was one process alone, its step had no overhead term).
+#: The record's layout and what its times mean (part of the cache key; a file of another version is refused,
+#: naming it). 2: the trainer's step timed, ``co_runners`` processes at once; 1 measured neither.
 PROFILE_VERSION = 2
 
 
@@ -107,6 +106,7 @@ class ModelProfile:
         step_s_samples: MLX: at the smallest size, each measurement's seconds of the trainer's whole step (DDP's
             :func:`~workbench.adapters.mlx.accum.make_trainer` on a group of one, one micro-batch, timed as
             :mod:`workbench.ranks.train_mlx` times it); None where not measured (JAX).
+        step_bare_s_samples: Beside each, the bare forward and backward timed just before it.
         co_runners: Profiling processes that measured at once (the ranks a run puts on a host); every
             process's seconds are in the samples.
         parameter_bytes, gradient_bytes, optimizer_state_bytes: The whole model's, on the profiling process.
@@ -135,6 +135,7 @@ class ModelProfile:
     forward_s_samples: tuple[tuple[float, ...], ...] | None = None
     cores: int | None = None
     step_s_samples: tuple[float, ...] | None = None
+    step_bare_s_samples: tuple[float, ...] | None = None
     co_runners: int = 1
     activation_fit: LinearFit = field(init=False)
     compute_fit: LinearFit = field(init=False)
@@ -153,8 +154,10 @@ class ModelProfile:
             raise ValueError(f"a profile's forward_s_samples need one row for each of the sizes {list(sizes)}")
         object.__setattr__(self, "forward_fit", None if forward is None else fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in forward], what="forward_s"))
-        if self.step_s_samples is not None and not self.step_s_samples:
-            raise ValueError("a profile's step_s_samples: one or more seconds, or None")
+        steps, bare = self.step_s_samples, self.step_bare_s_samples
+        if (steps is None) != (bare is None) or (steps is not None and (not steps or len(steps) != len(bare))):
+            raise ValueError("a profile's step_s_samples and step_bare_s_samples: as many seconds each (one or "
+                             "more), or both None")
         if isinstance(self.co_runners, bool) or not isinstance(self.co_runners, int) or self.co_runners < 1:
             raise ValueError(f"co_runners={self.co_runners!r}: an integer >= 1")
 
@@ -181,12 +184,13 @@ class ModelProfile:
 
     @property
     def step_overhead_s(self) -> float | None:
-        """Seconds the trainer's step spends beyond forward, backward and the whole model's update (>= 0): at the
-        smallest size, the median step less the median forward and backward and the update (it does not grow with
-        the micro-batch; there the compute, and its noise, is least). None where the step was not timed."""
+        """Seconds the trainer's step spends beyond forward, backward and the whole model's update (>= 0): the median
+        of each timed step less the bare forward and backward just before it, less the update (at the smallest
+        size: it does not grow with the micro-batch, and there the compute, and its noise, is least). None where
+        the step was not timed."""
         if self.step_s_samples is None:
             return None
-        over = float(np.median(self.step_s_samples)) - float(np.median(self.compute_s_samples[0])) - self.update_s
+        over = float(np.median(np.subtract(self.step_s_samples, self.step_bare_s_samples))) - self.update_s
         return max(0.0, over)
 
     def forward_s_at(self, micro_batch_size: int) -> float:
@@ -202,7 +206,8 @@ class ModelProfile:
                "activation_samples": [list(s) for s in self.activation_samples],
                "compute_s_samples": [list(s) for s in self.compute_s_samples],
                "forward_s_samples": None if self.forward_s_samples is None else [list(s) for s in self.forward_s_samples],
-               "step_s_samples": None if self.step_s_samples is None else list(self.step_s_samples),
+               **{name: None if getattr(self, name) is None else list(getattr(self, name))
+                  for name in ("step_s_samples", "step_bare_s_samples")},
                "plan_activation_bytes": None if self.plan_activation_bytes is None
                else list(self.plan_activation_bytes)}
         for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
@@ -231,8 +236,8 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
         forward_s_samples=None if measured.get("forward_s_samples") is None
         else tuple(tuple(float(v) for v in s) for s in measured["forward_s_samples"]),
         cores=None if measured.get("cores") is None else int(measured["cores"]),
-        step_s_samples=None if measured.get("step_s_samples") is None
-        else tuple(float(v) for v in measured["step_s_samples"]),
+        **{name: None if measured.get(name) is None else tuple(float(v) for v in measured[name])
+           for name in ("step_s_samples", "step_bare_s_samples")},
         co_runners=int(measured.get("co_runners") or 1))
 
 
