@@ -764,6 +764,8 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
         seen = page.evaluate(FITS, sel)
         assert all(r <= seen["right"] + 1 for r in seen["figures"]) and all(w >= 150 for w in seen["sliders"]), seen
     assert page.evaluate(RANK_0_ON_TOP, layout_sel) == [True, True]
+    for sel in (layout_sel, memory_sel):  # every figure reported drawn (issue 29 item 1: no false alarm)
+        assert "Not drawn" not in page.locator(sel).inner_text(), sel
     assert kernel_errors == [], kernel_errors[:1]  # plotly's handler of trace deltas raised after every update
     assert w.errors() == [], w.errors()
     assert w.blocked == [], w.blocked

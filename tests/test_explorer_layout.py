@@ -210,3 +210,26 @@ def test_rank_inspector_html_stops_at_its_row_cap_and_says_how_many_more():
     assert page.count("<tr>") == MAX_HTML_ROWS + 2  # the header, the rows, the note
     assert "… and 234 more slices: rank_slices_table(plan, 1) lists every one" in page
     assert f"rank 1 of 2 (row): {MAX_HTML_ROWS + 234:,} slices" in page
+
+
+def test_a_figure_a_live_page_never_drew_is_named_with_the_remedy():
+    """Issue 29 item 1: on a busy machine anywidget gave up loading plotly's widget code after 2 s and the
+    figures stayed blank while the status lines updated. plotly's widget code reports each figure's traces
+    once it has drawn it (these messages are what it sends); the explorer names every figure a live page (its width probe reported) has not
+    drawn, with the remedy, and says nothing where no page is (a kernel alone, as here until the probe)."""
+    from workbench.views.widget_sync import DRAW_GRACE_S
+
+    explorer = _explorers()[0]
+    explorer.probe.width = 900  # the page drew the explorer
+    for name in ("bucket_layout", "rank_load"):  # what plotly's widget code sends after its first draw
+        fw = explorer.figures[name]
+        fw._js2py_traceDeltas = {"trace_deltas": [{"uid": t.uid} for t in fw.data], "trace_edit_id": fw._last_trace_edit_id}
+    explorer.controls["link"].value = list(explorer.controls["link"].options)[1]
+    assert "Not drawn" not in explorer.status.value  # still within the grace
+    explorer.probe.seen_at -= DRAW_GRACE_S
+    explorer.controls["link"].value = list(explorer.controls["link"].options)[2]
+    assert "<b>Not drawn:</b> shard_map." in explorer.status.value and "Re-run this cell" in explorer.status.value
+    fw = explorer.figures["shard_map"]
+    fw._js2py_traceDeltas = {"trace_deltas": [{"uid": t.uid} for t in fw.data], "trace_edit_id": fw._last_trace_edit_id}
+    explorer.controls["link"].value = list(explorer.controls["link"].options)[0]
+    assert "Not drawn" not in explorer.status.value

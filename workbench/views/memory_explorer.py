@@ -17,7 +17,8 @@ from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, UPDATE_COPIES
 from workbench.estimate.grid import POWERS_OF_TWO, estimate_breakdowns, powers_between
 from workbench.views.memory import UNITS, breakdown_summary, fig_memory_breakdown
 from workbench.views.style import TEMPLATE
-from workbench.views.widget_sync import WidthProbe, busy, slider_layout, sync_figure_widget, wrapping_row
+from workbench.views.widget_sync import (WidthProbe, busy, slider_layout, sync_figure_widget, undrawn_notice,
+                                        watch_drawn, wrapping_row)
 from workbench.views.widgets import FIGURE_WIDTH
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class MemoryExplorer(widgets.VBox):
                                               value=DEFAULT_DEVICE_MEMORY_GB * UNITS["GB"], description="device memory",
                                               **wide),
         }
-        self.figure = go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH))
+        self.figure = watch_drawn(go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH)))
         self.status, self.code, self.estimates, self._shown = widgets.HTML(), widgets.HTML(), [], None
         self.capacity, self.probe = widgets.HTML(), WidthProbe()  # the figure follows the notebook's width
         c = self.controls
@@ -193,7 +194,8 @@ class MemoryExplorer(widgets.VBox):
             self.code.value = f"<code style='user-select:all'>{html.escape(self.code_line())}</code>"
             self.capacity.value = capacity_html(estimates, v["micro_batch_size"], capacity)
             note = "" if estimates[0]["activations"] else " (activations not counted: a ModelSpec holds shapes only)"
-            self.status.value = html.escape(breakdown_summary(estimates) + note)
+            self.status.value = html.escape(breakdown_summary(estimates) + note) + undrawn_notice(
+                self.probe, {"memory breakdown": self.figure})
             return True
 
 

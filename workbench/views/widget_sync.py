@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from typing import Iterator, Sequence
+import html
+import time
+from typing import Iterator, Mapping, Sequence
 
 import anywidget
 import ipywidgets as widgets
@@ -151,6 +153,16 @@ export default { render({ model, el }) {
 } };"""
     _css = f".{BUSY_CLASS} .js-plotly-plot {{ opacity: 0.45; transition: opacity 60ms; }}"
     width = traitlets.Int(0).tag(sync=True)
+    #: ``time.monotonic()`` when the browser first reported a width (a live page drew the explorer); None before.
+    seen_at: float | None = None
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.observe(self._seen, names="width")
+
+    def _seen(self, change) -> None:
+        if change["new"] and self.seen_at is None:
+            self.seen_at = time.monotonic()
 
     #: Pixels kept free right of a figure (rounding, a border); the narrowest width a figure is given.
     MARGIN_PX, MIN_PX = 8, 320
@@ -184,3 +196,30 @@ def busy(box: widgets.Box, status: widgets.HTML) -> Iterator[None]:
         yield
     finally:
         box.remove_class(BUSY_CLASS)
+
+
+#: Seconds from the width probe's first report (the page drew the explorer) until a figure that plotly's widget
+#: code has not reported drawing counts as not drawn.
+DRAW_GRACE_S = 15.0
+
+
+def watch_drawn(fw: go.FigureWidget) -> go.FigureWidget:
+    """Note on ``fw`` when a browser has drawn it: plotly's widget code sends the drawn traces back after its
+    first draw (``_js2py_traceDeltas``; its layout goes to ``_js2py_widget_layoutDelta``, a name plotly 7.1's
+    Python side does not read), and never does when anywidget gave up loading it (issue 29 item 1)."""
+    fw.observe(lambda change: change["new"] and setattr(fw, "_workbench_drawn", True), names="_js2py_traceDeltas")
+    return fw
+
+
+def undrawn_notice(probe: WidthProbe, figures: Mapping[str, go.FigureWidget], now: float | None = None) -> str:
+    """HTML that says which figures a live page has not drawn :data:`DRAW_GRACE_S` after it drew the explorer,
+    why, and the remedy; empty when all are drawn, or with no page (a kernel without a browser, a test)."""
+    if probe.seen_at is None or (time.monotonic() if now is None else now) - probe.seen_at < DRAW_GRACE_S:
+        return ""
+    missing = [name for name, fw in figures.items() if not getattr(fw, "_workbench_drawn", False)]
+    if not missing:
+        return ""
+    return ("<br><span style='color:#B00020'><b>Not drawn:</b> " + html.escape(", ".join(missing)) +
+            ". The browser did not load plotly's widget code (about 5 MB) within the 2 s anywidget allows it "
+            "('[anywidget] Failed to initialize model' in its console; a busy machine). Re-run this cell to draw "
+            "them; reloading the page does not.</span>")

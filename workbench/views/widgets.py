@@ -26,7 +26,8 @@ from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import MAX_ARRAY_GROUPS, fig_rank_load, fig_shard_map
 from workbench.views.style import TEMPLATE
-from workbench.views.widget_sync import WidthProbe, busy, slider_layout, sync_figure_widget, wrapping_row
+from workbench.views.widget_sync import (WidthProbe, busy, slider_layout, sync_figure_widget, undrawn_notice,
+                                        watch_drawn, wrapping_row)
 from workbench.views.tables import layout_metrics_html
 
 #: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
@@ -127,7 +128,7 @@ class LayoutExplorer(widgets.VBox):
                                      layout=widgets.Layout(width="360px"), **wide),
         }
         self.figures: dict[str, go.FigureWidget] = {
-            name: go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH)) for name in FIGURES
+            name: watch_drawn(go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH))) for name in FIGURES
         }
         self.status, self.cost, self.code = (widgets.HTML() for _ in range(3))
         # A table wider than the notebook scrolls sideways rather than losing its right columns.
@@ -263,7 +264,7 @@ class LayoutExplorer(widgets.VBox):
             f"{spec.name}: {bucket_plan.num_buckets} buckets, {values['layout']} over N={chosen.num_shards}: "
             f"max {format_bytes(chosen.rank_bytes.max())} per rank, imbalance {chosen.imbalance:.3f}, "
             f"{chosen.num_collectives_per_step} collectives per step" + "".join(f". {note}" for note in notes)
-        )
+        ) + undrawn_notice(self.probe, self.figures)
         link_name = values["link"]
         kinds = ", ".join(f"{c.num_collectives} {c.kind.replace('_', '-')}" for c in comm.collectives)
         self.cost.value = html.escape(
