@@ -55,9 +55,18 @@ def test_format_params_never_writes_a_fraction_of_a_billion(count, want):
 
 @pytest.mark.parametrize("value, want", [(1005617024, "1,005,617,024"), (1.005617e9, "1,005,617,000"), (398.0, "398"),
                                          (1.002965, "1.00"), (0.0123456, "0.0123"), (None, MISSING), (math.nan, MISSING),
-                                         (pd.NA, MISSING), (np.int64(146), "146"), (math.inf, "∞"), ("fsdp", "fsdp")])
+                                         (pd.NA, MISSING), (np.int64(146), "146"), (math.inf, "∞"), ("fsdp", "fsdp"),
+                                         (4.768372e-07, "4.77 × 10⁻⁷"), (-1.5e-9, "-1.50 × 10⁻⁹"), (0.00012, "0.000120")])
 def test_format_number_is_a_table_cell(value, want):
     assert format_number(value) == want
+
+
+def test_a_column_of_tiny_numbers_is_written_in_powers_of_ten_not_zeros_to_count():
+    """Notebook 04's loss differences to DDP read '0.0000004768'."""
+    from workbench.core.units import format_column
+
+    assert format_column([0.0, 4.768372e-07, None]) == ["0", "4.77 × 10⁻⁷", MISSING]
+    assert not RAW.search(" ".join(format_column([2.5e-8, 1e-7])))
 
 
 def test_format_column_gives_a_column_one_number_of_decimals():

@@ -52,3 +52,44 @@ def test_live_progress_draws_the_stored_steps(tmp_path):
     live(2)
     assert live.bar.value == 2 and list(live.figure.data[0].y) == [3.0, 2.0]
     assert "step 2/4" in live.status.value
+
+
+def test_the_findings_are_the_runs_numbers_and_say_when_frameworks_differ(tmp_path):
+    """Issue 29 item 7: notebook 04's prose said "the frameworks differ" under a figure saying all runs coincide,
+    and "FSDP close to DDP" beside 694 ms against 358 ms. Its sentences are now computed from the runs."""
+    from workbench.studies.runs import convergence_findings, cost_findings
+
+    store = RunStore(tmp_path)
+    base = dict(num_ranks=2, steps=4, global_batch=8)
+    losses = [3.0, 2.5, 2.0, 1.5]
+    for fw in ("mlx", "jax"):
+        store_run(store, RunSpec(framework=fw, strategy="ddp", **base), losses, step_times=(0.3, 0.358))
+        store_run(store, RunSpec(framework=fw, strategy="fsdp-row", **base), losses, step_times=(0.5, 0.694))
+    loaded = load_runs(tmp_path)
+    said = convergence_findings(loaded, floor_nats=1.2)
+    assert said[0].startswith("All 4 runs draw one loss curve")
+    assert "2 of 2 sharded runs equal their DDP twin exactly" in said[1]
+    assert said[2] == "Final losses 1.5 nats against the data's floor of 1.200."
+    cost = cost_findings(summarize_runs(loaded))
+    assert cost[0].startswith("jax: sharded steps take 1.94x DDP's 358 ms (694 ms; slowest jax fsdp-row)")
+    # JAX's curve apart from MLX's: said per framework, with the gap between their DDP runs
+    store_run(store, RunSpec(framework="jax", strategy="ddp", **{**base, "data_seed": 1}), losses, step_times=(0.3, 0.3))
+    tmp = tmp_path / "apart"
+    apart = RunStore(tmp)
+    for fw, shift in (("mlx", 0.0), ("jax", 0.01)):
+        for s in ("ddp", "fsdp-row"):
+            store_run(apart, RunSpec(framework=fw, strategy=s, **base), [v + shift for v in losses])
+    said = convergence_findings(load_runs(tmp))
+    assert said[:3] == ["jax: the 2 runs draw one curve.", "mlx: the 2 runs draw one curve.",
+                        "The frameworks' DDP runs differ by at most 0.01 nats per token at any step."]
+
+
+def test_step_time_and_memory_are_two_panels_each_from_zero_with_its_numbers(tmp_path):
+    store = RunStore(tmp_path)
+    base = dict(num_ranks=2, steps=4, global_batch=8)
+    store_run(store, RunSpec(strategy="ddp", **base), [3.0, 2.0, 1.5, 1.2], step_times=(0.3, 0.358), peak=300 * 2**20)
+    fig = fig_step_time_memory(summarize_runs(load_runs(tmp_path)))
+    (time, rss) = fig.data
+    assert (time.xaxis, time.yaxis, rss.xaxis, rss.yaxis) == ("x", "y", "x2", "y2")  # one axis each, no overlay
+    assert list(time.y) == [358.0] and list(time.text) == ["358"] and list(rss.text) == ["600"]
+    assert fig.layout.yaxis.rangemode == fig.layout.yaxis2.rangemode == "tozero" and fig.layout.yaxis2.overlaying is None

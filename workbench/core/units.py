@@ -106,6 +106,9 @@ def format_column(values, digits: int = 4) -> list[str]:
     :data:`MISSING`; a value that is not a number as ``str``."""
     numbers = [float(v) for v in values if not _missing(v) and not isinstance(v, (bool, str)) and _is_number(v)]
     finite = [x for x in numbers if math.isfinite(x)]
+    if any(finite) and max(abs(x) for x in finite) < TINY:  # a column of tiny numbers: each a power of ten
+        return [format_number(v) if _missing(v) or isinstance(v, (bool, str)) or not _is_number(v)
+                or not math.isfinite(float(v)) else _significant(float(v), digits - 1) for v in values]
     if all(x == int(x) for x in finite):
         decimals = 0
     else:
@@ -128,11 +131,25 @@ def _is_number(value) -> bool:
         return False
 
 
+#: Below this magnitude a number is written as a power of ten (``'4.77 × 10⁻⁷'``): ``'0.000000477'`` makes a
+#: reader count zeros.
+TINY = 1e-4
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _power_of_ten(x: float, digits: int) -> str:
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    return f"{mantissa} × 10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+
+
 def _significant(x: float, digits: int) -> str:
-    """``x`` to ``digits`` significant digits, thousands separated, never in e-notation."""
+    """``x`` to ``digits`` significant digits, thousands separated, never in e-notation (below :data:`TINY`, as a
+    power of ten)."""
     x = float(f"{x:.{digits}g}")  # rounded first: 0.9996 is '1.00', not '1.000'
     if x == 0:
         return "0"
+    if abs(x) < TINY:
+        return _power_of_ten(x, digits)
     decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))
     return f"{x:,.{decimals}f}"
 

@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 
 from workbench.runs.labels import run_labels
 from workbench.strategies import get_strategy
-from workbench.views.style import TEMPLATE, coincide_note, coinciding, separate_coinciding
+from workbench.core.units import format_number
+from workbench.views.style import TEMPLATE, coincide_note, coinciding, separate_coinciding, subplot_grid
 
 #: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
 WARMUP_STEPS = 2
@@ -154,17 +155,73 @@ def fig_diff_to_ddp(loaded, *, height: int = 360) -> go.Figure:
 
 
 def fig_step_time_memory(summary: pd.DataFrame, *, height: int = 360) -> go.Figure:
-    """Median step time and peak process memory (RSS) per rank, per run (from :func:`summarize_runs`).
-
-    The legend sits above the plot: at the right, it covered the right axis's tick labels ("432" read "43").
-    """
-    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, barmode="group",
-                                title="Step time (median after warm-up, slowest rank) and peak process memory (RSS) per rank",
-                                margin=dict(t=90, r=70), legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"),
-                                yaxis=dict(title="ms per step", rangemode="tozero"),
-                                yaxis2=dict(title="peak RSS (MiB)", overlaying="y", side="right", rangemode="tozero",
-                                            automargin=True, showgrid=False)))
-    fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.median_step_ms.tolist(), name="step time (ms)", offsetgroup=0))
-    fig.add_trace(go.Bar(x=summary.run.tolist(), y=summary.peak_rss_mib.tolist(), name="peak RSS (MiB)",
-                         yaxis="y2", offsetgroup=1))
+    """Median step time and peak process memory (RSS) per rank, per run (from :func:`summarize_runs`), as two
+    panels side by side, each on its own axis from zero (one chart with two y axes gave neither whole ticks)."""
+    layout, refs = subplot_grid(1, 2, ["median step after warm-up, slowest rank (ms)", "peak process memory per rank (MiB)"],
+                                hspace=0.1)
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, showlegend=False, margin=dict(t=90), **layout,
+                                title="Step time and peak process memory (RSS) per rank"))
+    for (x, y), column, unit in zip(refs, ("median_step_ms", "peak_rss_mib"), ("ms", "MiB")):
+        values = summary[column].tolist()
+        fig.add_trace(go.Bar(x=summary.run.tolist(), y=values, xaxis=x, yaxis=y, name=unit,
+                             text=[format_number(v) for v in values], textposition="outside", cliponaxis=False))
+        fig.layout[f"yaxis{y[1:]}"].update(rangemode="tozero", title=unit)
     return fig
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}-{hi:.3g}"
+
+
+def convergence_findings(loaded, floor_nats: float | None = None) -> list[str]:
+    """What the stored runs show about convergence, each sentence computed from them (issue 29: prose that
+    said "the frameworks differ" stood under a figure whose subtitle said every run coincides).
+
+    Curves coincide as :func:`fig_loss_curves` says (equal to 1e-6 of the loss, or of 1 nat, at every step).
+    """
+    runs, curves = loaded.runs, loss_curves(loaded)
+    labels = dict(zip(runs.run_id, run_labels(runs)))
+    ys = {labels[r]: curves[curves.run_id == r].loss.tolist() for r in runs.run_id}
+    groups = coinciding(ys, rtol=1e-6, floor=1.0)
+    out = []
+    if len(groups) == 1 and len(groups[0]) == len(ys) > 1:
+        out.append(f"All {len(ys)} runs draw one loss curve: equal to 1e-6 of the loss at every step, across "
+                   f"strategies and frameworks.")
+    else:
+        for fw, ids in runs.groupby("spec.framework").run_id:
+            mine = [labels[r] for r in ids]
+            one = any(set(mine) <= set(g) for g in groups)
+            out.append(f"{fw}: the {len(mine)} runs {'draw one curve' if one else 'do not all coincide'}.")
+        ddp = {fw: curves[curves.run_id == r].set_index("step").loss
+               for fw, r in runs[runs["spec.strategy"].map(is_ddp)].groupby("spec.framework").run_id.first().items()}
+        if len(ddp) == 2:
+            a, b = ddp.values()
+            gap = float((a - b).abs().max())
+            out.append(f"The frameworks' DDP runs differ by at most {gap:.2g} nats per token at any step.")
+    diffs = runs.merge(summarize_runs(loaded), on="run_id")
+    fsdp = diffs[~diffs["spec.strategy"].map(is_ddp)].max_abs_loss_diff_to_ddp.dropna()
+    if len(fsdp):
+        out.append(f"{int((fsdp == 0).sum())} of {len(fsdp)} sharded runs equal their DDP twin exactly at every step; "
+                   f"the largest difference is {fsdp.max():.2g} nats.")
+    final = [v[-1] for v in ys.values() if v]
+    if final and floor_nats is not None:
+        out.append(f"Final losses {_span(final)} nats against the data's floor of {floor_nats:.3f}.")
+    return out
+
+
+def cost_findings(summary: pd.DataFrame) -> list[str]:
+    """Per framework, the sharded runs' median step and peak RSS against DDP's, as ratios (from
+    :func:`summarize_runs`; the step times depend on the machine's load when they ran)."""
+    out = []
+    for fw, rows in summary.groupby(summary.run.str.split().str[0]):
+        ddp = rows[rows.run.str.split().str[1].map(is_ddp)]
+        others = rows.drop(ddp.index).dropna(subset=["median_step_ms"])
+        if ddp.empty or others.empty:
+            continue
+        base = ddp.iloc[0]
+        ratios = others.median_step_ms / base.median_step_ms
+        out.append(f"{fw}: sharded steps take {_span(ratios)}x DDP's {base.median_step_ms:.3g} ms "
+                   f"({_span(others.median_step_ms)} ms; slowest {others.loc[ratios.idxmax(), 'run']}); "
+                   f"peak RSS {_span(others.peak_rss_mib)} MiB against DDP's {base.peak_rss_mib:.4g} MiB.")
+    return out
