@@ -10,8 +10,8 @@ jitted ``shard_map`` step per strategy does the rest:
 
 * ``ddp`` -- :func:`~workbench.adapters.jax.fsdp.make_ddp_step` (gradients ``pmean``-ed);
 * ``fsdp-row`` / ``fsdp-flat`` -- :func:`~workbench.adapters.jax.fsdp.make_fsdp_step` with that layout and
-  ``spec.communication_size`` (a reduce-scatter and an ``all_gather`` per bucket), run on its resident bucket
-  buffers (:class:`~workbench.adapters.jax.resident.ResidentStep`: no per-step packing, donated);
+  ``spec.communication_size`` (a reduce-scatter and an ``all_gather`` per bucket, cut in the model's order), run on
+  its resident bucket buffers (:class:`~workbench.adapters.jax.resident.ResidentStep`: no per-step packing, donated);
 * ``fsdp-full`` -- ZeRO-3, :func:`~workbench.adapters.jax.zero3.make_zero3_step` over the
   unit chain of :func:`lm_units` (embedding, each block, final norm + head).
 
@@ -276,8 +276,6 @@ def _build_step(spec, mesh, replicated, params: dict, loss_fn: Callable):
     if record.family == "data_parallel":
         step = make_ddp_step(loss_fn, p, opt, mesh, max_norm=spec.max_norm, **accum)
     else:
-        # Buckets over the model's order (``params``' keys: the LM's lm_param_shapes, a user's flax paths), as
-        # MLX's runs and the strategy records plan them; the pytree's own order sorts the keys.
         step = make_fsdp_step(loss_fn, p, opt, mesh, layout=record.layout, order=list(params),
                               max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
     return step, p, step.init(p)
