@@ -202,20 +202,20 @@ def test_the_attention_example_is_one_model_in_both_frameworks():
 
 def test_a_profile_keeps_the_trainers_step_and_its_overhead_beyond_the_parts_it_also_times(tmp_path):
     fields = profile_key_fields(RunSpec(model=LM), 1, 2)
-    # each step timed 6, 7 and 9 ms over the bare forward and backward just before it: less the update (2 ms), 5 ms
-    steps, bare = [0.306, 0.507, 0.309], [0.3, 0.5, 0.3]
-    profile = profile_from_measurements(measured(step_s_samples=steps, step_bare_s_samples=bare, co_runners=2),
-                                        fields, cost_s=2.0)
+    # each step timed 4, 5 and 7 ms over the bare forward and backward and the update just before it: 5 ms
+    times = dict(step_s_samples=[0.306, 0.508, 0.310], step_bare_s_samples=[0.3, 0.5, 0.3],
+                 step_update_s_samples=[0.002, 0.003, 0.003])
+    profile = profile_from_measurements(measured(**times, co_runners=2), fields, cost_s=2.0)
     assert profile.step_overhead_s == pytest.approx(0.005) and profile.co_runners == 2
     assert profile_from_measurements(measured(), fields, cost_s=2.0).step_overhead_s is None  # JAX: not timed
-    faster = profile_from_measurements(measured(step_s_samples=[0.1, 0.3], step_bare_s_samples=[0.3, 0.3]), fields,
-                                       cost_s=2.0)
+    faster = profile_from_measurements(measured(step_s_samples=[0.1, 0.3], step_bare_s_samples=[0.3, 0.3],
+                                                step_update_s_samples=[0.0, 0.0]), fields, cost_s=2.0)
     assert faster.step_overhead_s == 0.0  # a step timed faster than its parts (noise) is no negative overhead
     path = save_profile(profile_path(tmp_path, fields), profile)
     assert load_profile(path) == profile and json.loads(path.read_text())["step_overhead_s"] == pytest.approx(0.005)
-    for wrong in (dict(step_s_samples=[0.3]), dict(step_s_samples=[0.3], step_bare_s_samples=[0.3, 0.2]),
-                  dict(step_s_samples=[], step_bare_s_samples=[])):
-        with pytest.raises(ValueError, match="step_s_samples and step_bare_s_samples: as many seconds each"):
+    for wrong in (dict(step_s_samples=[0.3]), dict(times, step_bare_s_samples=[0.3, 0.2]),
+                  {name: [] for name in times}):
+        with pytest.raises(ValueError, match="step_update_s_samples: as many seconds each"):
             profile_from_measurements(measured(**wrong), fields, cost_s=2.0)
 
 
@@ -230,9 +230,10 @@ def test_the_key_holds_the_records_version_and_the_processes_that_measured_at_on
 
 
 def test_what_processes_measured_at_once_is_one_measurement_with_every_processs_seconds():
-    one = measured(step_s_samples=[1.0, 2.0], step_bare_s_samples=[0.9, 1.9], update_s=0.002, peak_rss_bytes=5)
+    one = measured(step_s_samples=[1.0, 2.0], step_bare_s_samples=[0.9, 1.9], step_update_s_samples=[0, 0],
+                   update_s=0.002, peak_rss_bytes=5)
     two = measured(compute_s_samples=[[0.3], [0.6], [1.2]], step_s_samples=[1.1], step_bare_s_samples=[1.0],
-                   update_s=0.004,
+                   step_update_s_samples=[0], update_s=0.004,
                    activation_samples=[[1], [2], [3]], peak_rss_bytes=9)
     merged = merge_co_runners([one, two])
     assert merged["co_runners"] == 2 and merged["activation_samples"] == one["activation_samples"]

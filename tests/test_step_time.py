@@ -86,7 +86,8 @@ def profile_of(spec, compute=(0.02, 0.04), update_s=0.004, forward=None, cores=N
                 "plan_activation_bytes": None, "peak_rss_bytes": 1, "peak_array_bytes": None, "versions": {},
                 "forward_s_samples": None if forward is None else [[forward[0]], [forward[1]]], "cores": cores,
                 "step_s_samples": None if step is None else list(step), "co_runners": co_runners,
-                "step_bare_s_samples": None if step is None else [compute[0]] * len(step)}
+                "step_bare_s_samples": None if step is None else [compute[0]] * len(step),
+                "step_update_s_samples": None if step is None else [update_s] * len(step)}
     return profile_from_measurements(measured, profile_key_fields(spec, 1, co_runners), cost_s=1.0)
 
 
@@ -192,7 +193,7 @@ def test_the_trainers_step_overhead_is_a_term_of_its_own_once_per_step():
     """The profile times the real trainer's step beside its parts; what the step takes beyond them is predicted
     once per step (not per micro-batch), slowed as compute is, and is named where the rest of a step is off."""
     spec = RunSpec(framework="mlx", strategy="ddp", num_ranks=2, global_batch=8, model=LM)
-    # steps of 30 and 31 ms at b = 2, after bare forward and backward of 20 ms: less the 4 ms update, 6.5 ms
+    # steps of 30 and 31 ms at b = 2, after a bare forward and backward of 20 ms and an update of 4 ms: 6.5 ms
     profile = profile_of(spec, step=(0.030, 0.031))
     assert profile.step_overhead_s == pytest.approx(0.0065)
     p = predict_run_step_time(spec, profile, LINKS)

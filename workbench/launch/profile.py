@@ -121,7 +121,7 @@ def merge_co_runners(results: Sequence[dict]) -> dict:
         rows = [r.get(name) for r in results]
         if all(row is not None for row in rows):
             merged[name] = [[v for row in rows for v in row[i]] for i in range(len(rows[0]))]
-    for name in ("step_s_samples", "step_bare_s_samples"):  # at one size: one list each
+    for name in ("step_s_samples", "step_bare_s_samples", "step_update_s_samples"):  # at one size: one list each
         if all(r.get(name) is not None for r in results):
             merged[name] = [v for r in results for v in r[name]]
     merged["update_s"] = float(sorted(r["update_s"] for r in results)[len(results) // 2])

@@ -84,12 +84,12 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         compute.append(seconds)
         inputs, targets = (mx.array(a) for a in token_batch(spec, b))
         forward.append(timed(lambda: mx.eval(loss_fn(model, inputs, targets)), repeats))
-    step, bare = measure_trainer_step(spec, model, loss_fn, opt, sizes[0], repeats)  # overhead does not grow with b
+    step, bare, step_update = measure_trainer_step(spec, model, loss_fn, opt, sizes[0], repeats)  # not growing with b
     return {"framework": "mlx", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": tree_nbytes(model.trainable_parameters()), "gradient_bytes": gradient_bytes,
             "optimizer_state_bytes": optimizer_state_bytes(opt), "activation_samples": activation,
             "compute_s_samples": compute, "forward_s_samples": forward, "update_s": median(update_s[1:]),
-            "step_s_samples": step, "step_bare_s_samples": bare,
+            "step_s_samples": step, "step_bare_s_samples": bare, "step_update_s_samples": step_update,
             "truth_source": "mx.get_peak_memory above the live arrays, less the gradients",
             "plan_activation_bytes": None, "peak_array_bytes": int(peak_array), "peak_rss_bytes": peak_rss_bytes(),
             "versions": package_versions()}
@@ -100,11 +100,11 @@ MIN_STEP_REPEATS = 5
 
 
 def measure_trainer_step(spec, model, loss_fn, opt, micro_batch_size: int, repeats: int
-                         ) -> tuple[list[float], list[float]]:
-    """``(step seconds, bare seconds)``: each of ``max(repeats, MIN_STEP_REPEATS)`` steps of DDP's trainer on
+                         ) -> tuple[list[float], list[float], list[float]]:
+    """``(step, bare, update)`` seconds: each of ``max(repeats, MIN_STEP_REPEATS)`` steps of DDP's trainer on
     MLX's group of one over one micro-batch of ``micro_batch_size`` sequences, timed as the rank times its step
-    (after one step not timed), right after a bare forward and backward of the same micro-batch (in pairs, so
-    that a change in the machine's load hits both alike)."""
+    (after one step not timed), right after a bare forward and backward of the same micro-batch and the
+    optimizer's update with its gradients (in threes, so that a change in the machine's load hits all alike)."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -116,17 +116,21 @@ def measure_trainer_step(spec, model, loss_fn, opt, micro_batch_size: int, repea
                            max_norm=spec.max_norm if spec.max_norm is not None else math.inf)
     inputs, targets = (mx.array(a) for a in token_batch(spec, micro_batch_size))
     trainer.step(loss_fn, inputs, targets)
-    value_and_grad, step, bare = nn.value_and_grad(model, loss_fn), [], []
+    value_and_grad, step, bare, update = nn.value_and_grad(model, loss_fn), [], [], []
     for _ in range(max(repeats, MIN_STEP_REPEATS)):
         t0 = time.perf_counter()
-        out = accumulate_microbatches(value_and_grad, model, [(inputs, targets)], None)
+        _, grads, _ = accumulate_microbatches(value_and_grad, model, [(inputs, targets)], None)
         bare.append(time.perf_counter() - t0)
-        del out
+        t0 = time.perf_counter()
+        model.update(opt.apply_gradients(grads, model.trainable_parameters()))
+        mx.eval(model.parameters(), opt.state)
+        update.append(time.perf_counter() - t0)
+        del grads
         inputs, targets = (mx.array(a) for a in token_batch(spec, micro_batch_size))
         t0 = time.perf_counter()
         trainer.step(loss_fn, inputs, targets)
         step.append(time.perf_counter() - t0)
-    return step, bare
+    return step, bare, update
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,10 +16,9 @@ The cache: one JSON file per profile, ``<runs root>/.profiles/<framework>-<key>.
 (a dotted folder, which :func:`workbench.runs.tables.load_runs` passes over), written atomically. The key
 hashes what the measurement depends on (:func:`profile_key_fields`): the model (the built-in LM's config,
 or the factory and its source's sha256), dtype, sequence length, vocabulary, optimizer, framework and its
-version, threads, the processes measuring at once, and the record's version (:data:`PROFILE_VERSION`: a profile
-stored by older code, which measured less, is never found under a newer key, so it is measured again). A cache
-file that cannot be read as a profile is an error naming it, and it is left
-in place: nothing stored is overwritten unasked (remove it, or profile with ``refresh=True``).
+version, threads, the processes measuring at once, and :data:`PROFILE_VERSION` (a profile stored by older code
+is never found under a newer key: it is measured again). A cache file that cannot be read as a profile is an
+error naming it, and it is left in place: nothing stored is overwritten unasked (remove it, or ``refresh=True``).
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ from workbench.models.init import LMConfig
 from workbench.runs.atomic import write_atomic
 from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_memory
 
+#: The trainer's steps timed in threes (MLX): the step, and the bare forward and backward and the update before it.
+STEP_SAMPLES = ("step_s_samples", "step_bare_s_samples", "step_update_s_samples")
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
 #: The record's layout and what its times mean (part of the cache key; a file of another version is refused,
@@ -103,12 +104,11 @@ class ModelProfile:
         activation_fit: Bytes against ``b``, fitted to each size's largest sample.
         compute_fit: Seconds against ``b``, fitted to each size's median.
         forward_fit: The same of the forward alone, or None.
-        step_s_samples: MLX: at the smallest size, each measurement's seconds of the trainer's whole step (DDP's
-            :func:`~workbench.adapters.mlx.accum.make_trainer` on a group of one, one micro-batch, timed as
-            :mod:`workbench.ranks.train_mlx` times it); None where not measured (JAX).
-        step_bare_s_samples: Beside each, the bare forward and backward timed just before it.
-        co_runners: Profiling processes that measured at once (the ranks a run puts on a host); every
-            process's seconds are in the samples.
+        step_s_samples: MLX: at the smallest size, seconds of the trainer's whole step (DDP's ``make_trainer`` on a
+            group of one, timed as ``train_mlx`` times it); None where not measured (JAX).
+        step_bare_s_samples, step_update_s_samples: Beside each, the bare forward and backward and the update
+            timed just before it.
+        co_runners: Profiling processes that measured at once (a run's ranks per host); all their seconds are here.
         parameter_bytes, gradient_bytes, optimizer_state_bytes: The whole model's, on the profiling process.
         update_s: The optimizer's update of the whole model, seconds (median).
         plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
@@ -136,6 +136,7 @@ class ModelProfile:
     cores: int | None = None
     step_s_samples: tuple[float, ...] | None = None
     step_bare_s_samples: tuple[float, ...] | None = None
+    step_update_s_samples: tuple[float, ...] | None = None
     co_runners: int = 1
     activation_fit: LinearFit = field(init=False)
     compute_fit: LinearFit = field(init=False)
@@ -154,10 +155,10 @@ class ModelProfile:
             raise ValueError(f"a profile's forward_s_samples need one row for each of the sizes {list(sizes)}")
         object.__setattr__(self, "forward_fit", None if forward is None else fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in forward], what="forward_s"))
-        steps, bare = self.step_s_samples, self.step_bare_s_samples
-        if (steps is None) != (bare is None) or (steps is not None and (not steps or len(steps) != len(bare))):
-            raise ValueError("a profile's step_s_samples and step_bare_s_samples: as many seconds each (one or "
-                             "more), or both None")
+        triple = [getattr(self, name) for name in STEP_SAMPLES]
+        if any(t is None for t in triple) != all(t is None for t in triple) or (
+                triple[0] is not None and (not triple[0] or len({len(t) for t in triple}) > 1)):
+            raise ValueError(f"a profile's {', '.join(STEP_SAMPLES)}: as many seconds each (one or more), or all None")
         if isinstance(self.co_runners, bool) or not isinstance(self.co_runners, int) or self.co_runners < 1:
             raise ValueError(f"co_runners={self.co_runners!r}: an integer >= 1")
 
@@ -185,13 +186,12 @@ class ModelProfile:
     @property
     def step_overhead_s(self) -> float | None:
         """Seconds the trainer's step spends beyond forward, backward and the whole model's update (>= 0): the median
-        of each timed step less the bare forward and backward just before it, less the update (at the smallest
-        size: it does not grow with the micro-batch, and there the compute, and its noise, is least). None where
-        the step was not timed."""
+        of each timed step less the bare forward and backward and the update timed just before it (at the smallest
+        size: it does not grow with b, and there the compute's noise is least). None where not timed."""
         if self.step_s_samples is None:
             return None
-        over = float(np.median(np.subtract(self.step_s_samples, self.step_bare_s_samples))) - self.update_s
-        return max(0.0, over)
+        over = np.subtract(np.subtract(self.step_s_samples, self.step_bare_s_samples), self.step_update_s_samples)
+        return max(0.0, float(np.median(over)))
 
     def forward_s_at(self, micro_batch_size: int) -> float:
         """Forward seconds of one micro-batch (>= 0); a third of :meth:`compute_s_at` where the profile has no
@@ -207,7 +207,7 @@ class ModelProfile:
                "compute_s_samples": [list(s) for s in self.compute_s_samples],
                "forward_s_samples": None if self.forward_s_samples is None else [list(s) for s in self.forward_s_samples],
                **{name: None if getattr(self, name) is None else list(getattr(self, name))
-                  for name in ("step_s_samples", "step_bare_s_samples")},
+                  for name in STEP_SAMPLES},
                "plan_activation_bytes": None if self.plan_activation_bytes is None
                else list(self.plan_activation_bytes)}
         for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
@@ -237,7 +237,7 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
         else tuple(tuple(float(v) for v in s) for s in measured["forward_s_samples"]),
         cores=None if measured.get("cores") is None else int(measured["cores"]),
         **{name: None if measured.get(name) is None else tuple(float(v) for v in measured[name])
-           for name in ("step_s_samples", "step_bare_s_samples")},
+           for name in STEP_SAMPLES},
         co_runners=int(measured.get("co_runners") or 1))
 
 
