@@ -51,6 +51,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_config_inputs": (),
     "test_cross_framework": (),
     "test_data": (),
+    "test_deck_findings": (),
     "test_driver_faults": ENGINES,
     "test_engine_death": ENGINES,
     "test_engines": ENGINES,

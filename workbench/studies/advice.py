@@ -29,7 +29,7 @@ ADVICE_TARGET = 0.05
 
 #: Columns of :attr:`AdviceCheck.table`, as a reader sees them.
 ADVICE_COLUMNS = ["communication size (MiB)", "buckets", "predicted sync (ms)", "predicted step (ms)",
-                  "measured step (ms)", "advised", "best measured"]
+                  "measured step (ms)", "measured p25 (ms)", "measured p75 (ms)", "advised", "best measured"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,33 @@ class AdviceCheck:
     label: str
 
     @property
+    def spread_ms(self) -> float:
+        """The runs' own spread: the median over sizes of each size's interquartile range of step times (after
+        warm-up, slowest rank per step), in ms."""
+        t = self.table
+        return float((t["measured p75 (ms)"] - t["measured p25 (ms)"]).median())
+
+    def _two_fastest(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(size MiB, median ms) of the fastest and the second fastest size measured."""
+        t = self.table.sort_values("measured step (ms)")
+        return tuple((float(r["communication size (MiB)"]), float(r["measured step (ms)"]))
+                     for _, r in t.head(2).iterrows())
+
+    @property
+    def reliable(self) -> bool:
+        """Whether the fastest size's median step beats the second fastest's by more than the runs' own spread:
+        if not, the sweep cannot tell them apart, and the best measured size (so the gap to it) means no more."""
+        (_, best), (_, second) = self._two_fastest()
+        return second - best > self.spread_ms
+
+    def verdict(self) -> str:
+        """The pick said with its evidence: reliable, or "no reliable pick" when the spread hides the difference."""
+        (a, best), (b, second) = self._two_fastest()
+        said = (f"{a:g} MiB and {b:g} MiB, the fastest two, differ by {second - best:.3g} ms; the runs' spread is "
+                f"{self.spread_ms:.3g} ms (interquartile range over steps)")
+        return said + (": a reliable pick" if self.reliable else ": no reliable pick between them")
+
+    @property
     def within_target(self) -> bool:
         """Whether the advised size ran within :data:`ADVICE_TARGET` of the best measured."""
         return self.gap <= ADVICE_TARGET
@@ -70,6 +97,8 @@ class AdviceCheck:
             "best measured": f"{self.best_measured / mib:g} MiB",
             "advised against best measured": f"{self.gap * 100:+.1f}%",
             f"within {ADVICE_TARGET:.0%} of the best measured": "yes" if self.within_target else "no",
+            "steps' spread (median interquartile range)": f"{self.spread_ms:.1f} ms",
+            "pick": "reliable" if self.reliable else "no reliable pick: the runs' spread hides the difference",
         }})
 
 def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, framework: str = "mlx",
@@ -101,6 +130,7 @@ def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, 
         raise ValueError(f"advice_against_sweep: the {framework} {strategy} runs mix {len(shapes)} (model, num_ranks) "
                          "pairs; keep one sweep per store (or filter the runs first).")
     measured = t.groupby("communication_size").step_ms.median()
+    low, high = (t.groupby("communication_size")[c].median() for c in ("step_p25_ms", "step_p75_ms"))
     sizes = [int(s) for s in measured.index]
     spec, n = run_model_spec(specs[0]), int(specs[0]["num_ranks"])
     kw = dict(sizes=sizes, strategy=strategy, framework=framework)
@@ -110,7 +140,8 @@ def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, 
     advice = recommend_communication_size(spec, n, links, tolerance=tolerance, base_s=base_s, **kw)
     best = int(measured.idxmin())
     rows = [[p.communication_size / 2**20, p.num_buckets, p.predicted_sync_s * 1e3, p.predicted_step_s * 1e3,
-             float(measured[p.communication_size]), p.communication_size == advice.communication_size,
+             float(measured[p.communication_size]), float(low[p.communication_size]), float(high[p.communication_size]),
+             p.communication_size == advice.communication_size,
              p.communication_size == best] for p in advice.curve]
     return AdviceCheck(advice=advice, table=pd.DataFrame(rows, columns=ADVICE_COLUMNS), best_measured=best,
                        gap=float(measured[advice.communication_size] / measured[best] - 1),
@@ -124,14 +155,16 @@ def fig_bucket_advice(check: AdviceCheck, *, height: int = 440) -> go.Figure:
     step = t["measured step (ms)"]
     # The y axis is zoomed to the data: the subtitle says by how much the sizes differ at all.
     title = (f"Bucket-size advice: {check.label}<br><sup>y axis zoomed: the slowest size ran "
-             f"{step.max() / step.min():.2f}x the fastest</sup>")
-    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, title=title,
+             f"{step.max() / step.min():.2f}x the fastest<br>{check.verdict()}</sup>")
+    fig = go.Figure(layout=dict(template=TEMPLATE, height=height, title=title, margin_t=110,
                                 xaxis=dict(type="log", title="communication_size (MiB, log scale)", tickvals=x,
                                            ticktext=[f"{v:g}" for v in x]),
                                 yaxis=dict(title="time per step (ms)"), margin=dict(b=100),
                                 legend=dict(orientation="h", yref="container", y=0, yanchor="bottom")))  # under the x title
-    fig.add_trace(go.Scatter(x=x, y=t["measured step (ms)"].tolist(), mode="lines+markers", name="measured step",
-                             line=dict(color="#4C78A8")))
+    fig.add_trace(go.Scatter(x=x, y=step.tolist(), mode="lines+markers", name="measured step (median, quartiles)",
+                             line=dict(color="#4C78A8"),
+                             error_y=dict(type="data", symmetric=False, array=(t["measured p75 (ms)"] - step).tolist(),
+                                          arrayminus=(step - t["measured p25 (ms)"]).tolist(), thickness=1.2)))
     fig.add_trace(go.Scatter(x=x, y=t["predicted step (ms)"].tolist(), mode="lines+markers",
                              name="predicted step (links + constant)", line=dict(color="#F58518", dash="dash")))
     for flag, label, color, symbol in (("advised", "advised", "#E45756", "star"),

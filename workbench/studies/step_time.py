@@ -56,6 +56,16 @@ def steady_median(steps: pd.DataFrame, column: str) -> float | None:
     return float(per_step.median())
 
 
+def steady_quartiles(steps: pd.DataFrame, column: str) -> tuple[float, float] | None:
+    """The 25th and 75th percentiles over steps after warm-up of the slowest rank's value: the spread a
+    median from :func:`steady_median` carries."""
+    if column not in steps or steps[column].isna().all():
+        return None
+    per_step = steps.groupby("step")[column].max()
+    per_step = per_step[per_step.index >= WARMUP_STEPS] if len(per_step) > WARMUP_STEPS else per_step
+    return float(per_step.quantile(0.25)), float(per_step.quantile(0.75))
+
+
 def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = None) -> pd.DataFrame:
     """One row per done run: its ``communication_size``, buckets, measured step / sync ms, peak MiB,
     and the predictions (sync ms from ``links`` if given; peak MiB from the memory model)."""
@@ -67,6 +77,7 @@ def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = 
         buckets = plan_buckets(run_model_spec(spec), spec["communication_size"])
         comm = estimate_comm(buckets, spec["strategy"], spec["num_ranks"])
         step_s, sync_s = steady_median(steps, "step_time_s"), steady_median(steps, "sync_time_s")
+        quartiles = steady_quartiles(steps, "step_time_s") or (None, None)
         peak = steps["peak_array_bytes"].max() if "peak_array_bytes" in steps and steps["peak_array_bytes"].notna().any() else None
         rows.append({
             "run_id": run.run_id, "framework": spec["framework"], "strategy": spec["strategy"],
@@ -74,13 +85,16 @@ def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = 
             "communication_size": spec["communication_size"], "num_buckets": buckets.num_buckets,
             "num_collectives": comm.num_collectives, "rank_mib_sent": comm.rank_bytes / 2**20,
             "step_ms": None if step_s is None else step_s * 1e3,
+            "step_p25_ms": None if quartiles[0] is None else quartiles[0] * 1e3,
+            "step_p75_ms": None if quartiles[1] is None else quartiles[1] * 1e3,
             "sync_ms": None if sync_s is None else sync_s * 1e3,
             "predicted_sync_ms": predict_sync_s(comm, links, spec["framework"]) * 1e3 if links else None,
             "peak_mib": None if peak is None else float(peak) / 2**20,
             "predicted_peak_mib": estimate_run_memory(spec).total_bytes / 2**20,
         })
     columns = ["run_id", "framework", "strategy", "precision", "num_params", "communication_size", "num_buckets",
-               "num_collectives", "rank_mib_sent", "step_ms", "sync_ms", "predicted_sync_ms", "peak_mib",
+               "num_collectives", "rank_mib_sent", "step_ms", "step_p25_ms", "step_p75_ms", "sync_ms", "predicted_sync_ms",
+               "peak_mib",
                "predicted_peak_mib"]
     return pd.DataFrame(rows, columns=columns).sort_values(
         ["framework", "strategy", "precision", "num_params", "communication_size"], ignore_index=True)

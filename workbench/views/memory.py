@@ -77,7 +77,8 @@ def _labelled_peaks(estimates: Sequence[MemoryEstimate]) -> dict[int, str]:
 
 def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB",
                          labels: Mapping[str, str] | None = None, title: str | None = None,
-                         height: int = 460) -> go.Figure:
+                         height: int = 460, capacity_bytes: float | None = None,
+                         capacity_label: str = "device") -> go.Figure:
     """Stacked bars of per-rank memory, one bar per estimate (x: strategy, then N), one colour per component.
 
     A bar stacks the ``states`` rows (solid) and the rows of the phase that sets the peak
@@ -91,6 +92,8 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
         labels: Display names of strategies (default: the strategy names).
         title: Default: the parameter count and how to read the bars.
         height: Pixels.
+        capacity_bytes: A device's memory, drawn as a dashed line across the bars and named in the legend
+            (``capacity_label``: whose memory it is).
 
     Raises:
         ValueError: on no estimates or an unknown unit.
@@ -123,6 +126,10 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
                        mode="markers", name="other transient phase<br>(never coexists with it)",
                        marker=dict(color="#333333", symbol="line-ew-open", size=18, line=dict(width=2)),
                        hovertemplate=f"%{{x}}<br>states + other phase: %{{y:.3f}} {unit}<extra></extra>"))
+    capacity_line = dict(color="#B00020", dash="dash", width=2)
+    if capacity_bytes is not None:  # the line is a shape across the plot; this trace names it in the legend
+        traces.append(dict(type="scatter", x=[x[0][:1], x[1][:1]], y=[None], mode="lines", line=capacity_line,
+                           name=f"{capacity_label}: {capacity_bytes / scale:.3g} {unit}"))
     psi = estimates[0].num_params
     some = "" if len(labelled) == len(estimates) else "; numbers at the smallest and largest N of each, hover for the rest"
     title = title or (f"Memory per rank at the peak, {format_params(psi)}<br><sup>solid: model states; "
@@ -131,6 +138,10 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
     layout = dict(barmode="stack", yaxis=dict(title=dict(text=f"{unit} per rank")), xaxis=dict(type="multicategory"),
                   legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", traceorder="normal"),
                   margin=dict(l=60, r=20, t=80, b=40))
+    if capacity_bytes is not None:
+        y = capacity_bytes / scale
+        layout["shapes"] = [dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=y, y1=y, layer="below",
+                                 line=capacity_line)]
     return figure(traces, layout, title, height)
 
 
