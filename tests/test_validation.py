@@ -67,7 +67,9 @@ def test_estimate_follows_the_framework_and_strategy():
     assert mlx_ddp["optimizer_state"] == 2 * p and mlx_fsdp["optimizer_state"] == p  # AdamW, fp32, 2 ranks
     assert mlx_ddp["reduced_gradients"] == p and mlx_fsdp["reduced_gradients"] == 0
     assert mlx_fsdp["updated_optimizer_state"] == 0
-    assert estimate_run_memory(spec("jax", "fsdp-row"))["updated_optimizer_state"] == p
+    assert estimate_run_memory(spec("jax", "fsdp-row"))["updated_optimizer_state"] == 0  # donated (issue 30)
+    assert estimate_run_memory(spec("jax", "ddp"))["updated_optimizer_state"] == 2 * p
+    assert mlx_fsdp["master_weights"] == p // 2  # the resident step's master shard, 1/N of the parameters
     bf16 = estimate_run_memory(spec("mlx", "ddp", precision="bfloat16"))
     assert bf16["parameters"] * 2 == p and bf16["optimizer_state"] * 2 == 2 * p
     assert estimate_run_memory(spec("mlx", "ddp", optimizer="sgd"))["optimizer_state"] == 0
