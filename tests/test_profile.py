@@ -207,7 +207,7 @@ def test_a_profile_keeps_the_trainers_step_and_its_overhead_beyond_the_parts_it_
                  step_update_s_samples=[0.002, 0.003, 0.003])
     profile = profile_from_measurements(measured(**times, co_runners=2), fields, cost_s=2.0)
     assert profile.step_overhead_s == pytest.approx(0.005) and profile.co_runners == 2
-    assert profile_from_measurements(measured(), fields, cost_s=2.0).step_overhead_s is None  # JAX: not timed
+    assert profile_from_measurements(measured(), fields, cost_s=2.0).step_overhead_s is None  # not timed
     faster = profile_from_measurements(measured(step_s_samples=[0.1, 0.3], step_bare_s_samples=[0.3, 0.3],
                                                 step_update_s_samples=[0.0, 0.0]), fields, cost_s=2.0)
     assert faster.step_overhead_s == 0.0  # a step timed faster than its parts (noise) is no negative overhead

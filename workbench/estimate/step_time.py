@@ -51,7 +51,7 @@ class StepTimePrediction:
         comm_s: The step's collectives, priced by the fitted links.
         per_bucket_s: The synced buckets' fixed cost beyond their collectives (per bucket times buckets).
         overhead_s: The trainer's step beyond forward, backward and update (measured by the profile; 0 where
-            the profile has none, e.g. one stored before it was measured or a JAX profile).
+            the profile has none).
         comm_by_kind: ``comm_s`` by collective kind (seconds).
         num_collectives: Collectives the step issues (all kinds).
     """

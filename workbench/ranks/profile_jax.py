@@ -15,7 +15,10 @@ The model is the run's (:func:`~workbench.ranks.user_model.jax_params_and_loss`)
 
 Also timed: forward and backward (seconds, the compiled call), forward alone (its own compiled program: what
 a unit-gathering step recomputes in backward), and the jitted optimizer update of the whole
-model (seconds). Started by :func:`workbench.launch.profile.profile_model` with the threads a rank will have.
+model (seconds). Last, at the smallest size, the rank's own DDP step on a mesh of this one device
+(:func:`measure_ddp_step`): what it takes beyond forward, backward and update is the step's overhead. Started
+by :func:`workbench.launch.profile.profile_model` with the threads a rank will have, as many at once as the
+run's ranks per host.
 """
 
 from __future__ import annotations
@@ -48,8 +51,7 @@ def _nbytes(tree) -> int:
 
 def measure_jax(spec, sizes: list[int], repeats: int, ready=None) -> dict:
     """The profile's measurements of ``spec``'s JAX model (plain data; see the module docstring); ``ready()`` is
-    called before the first measurement (to start with the other profiling processes). The trainer's step is
-    not timed here (``step_s_samples`` None: the prediction has no overhead term for JAX's jitted step)."""
+    called before the first measurement (to start with the other profiling processes)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -112,17 +114,69 @@ def measure_jax(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         compute.append(seconds)
         jax.block_until_ready(forward_fn(params, batch))  # compiled: not timed
         forward.append(timed(lambda: jax.block_until_ready(forward_fn(params, batch)), repeats))
+    compiled, batch = programs[sizes[0]]  # the step at the smallest size: its overhead does not grow with b
+    step, bare, step_update = measure_ddp_step(spec, params, loss_fn, batch, repeats,
+                                               bare=lambda: jax.block_until_ready(compiled(params, batch)),
+                                               update=lambda g: jax.block_until_ready(update(g, state, params)))
     truth = all(s is not None for row in activation for s in row)
     return {"framework": "jax", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": param_bytes, "gradient_bytes": param_bytes, "optimizer_state_bytes": state_bytes,
             # where the high-water mark cannot be reset, the plan stands in for the truth (and says so)
             "activation_samples": activation if truth else [[p] for p in planned],
             "compute_s_samples": compute, "forward_s_samples": forward, "update_s": median(update_s),
-            "step_s_samples": None,
+            "step_s_samples": step, "step_bare_s_samples": bare, "step_update_s_samples": step_update,
             "truth_source": "VmHWM above VmRSS (clear_refs), less the gradients" if truth else
             "XLA memory_analysis (the process's high-water mark could not be reset)",
             "plan_activation_bytes": planned, "peak_array_bytes": None,
             "peak_rss_bytes": max(peak_rss, status_bytes("VmHWM") or 0), "versions": package_versions()}
+
+
+#: The fewest trainer steps timed (each beside a bare forward and backward and an update): the overhead is a small
+#: difference.
+MIN_STEP_REPEATS = 5
+
+
+def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare, update) -> tuple[list, list, list]:
+    """``(step, bare, update)`` seconds: each of ``max(repeats, MIN_STEP_REPEATS)`` steps of the rank's DDP step
+    (:func:`~workbench.adapters.jax.fsdp.make_ddp_step` on a mesh of this one device, as
+    :mod:`workbench.ranks.train_jax` runs and times it, after one step not timed), right after ``bare()`` (the
+    compiled forward and backward) and ``update(grads)`` (the optimizer's), in threes, so that a change in the
+    machine's load hits all alike."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.adapters.jax.base import make_optimizer
+    from workbench.adapters.jax.fsdp import make_ddp_step
+    from workbench.adapters.jax.resident import ResidentStep
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+    p = jax.device_put(params, NamedSharding(mesh, P()))
+    opt = make_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
+    run = ResidentStep(make_ddp_step(loss_fn, p, opt, mesh, max_norm=spec.max_norm))
+    p, state = run.enter(p), run.step.init(p)
+    rows = jax.device_put(batch, NamedSharding(mesh, P("fsdp")))
+
+    def one_step():
+        nonlocal p, state
+        p, state, metrics = run(p, state, rows)
+        jax.block_until_ready((p, state, metrics["loss"], metrics["grad_norm"]))
+
+    one_step()  # compiles: not timed
+    step, bare_s, update_s = [], [], []
+    for _ in range(max(repeats, MIN_STEP_REPEATS)):
+        t0 = time.perf_counter()
+        _, grads = bare()
+        bare_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        update(grads)
+        update_s.append(time.perf_counter() - t0)
+        del grads
+        t0 = time.perf_counter()
+        one_step()
+        step.append(time.perf_counter() - t0)
+    return step, bare_s, update_s
 
 
 def main(argv: list[str] | None = None) -> int:

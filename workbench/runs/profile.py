@@ -5,7 +5,7 @@ So the model is measured once, on one process, with the threads a rank will have
 (:func:`workbench.launch.profile.profile_model` runs :mod:`workbench.ranks.profile_mlx` or
 :mod:`workbench.ranks.profile_jax`): activation bytes and forward-and-backward seconds at a few micro-batch
 sizes, each fitted as a line in the size (:func:`~workbench.estimate.profile_fit.fit_linear`), the
-optimizer update's seconds per parameter byte, and (MLX) the real trainer's step on a group of one, whose time
+optimizer update's seconds per parameter byte, and the rank's real DDP step on a group of one, whose time
 beyond those parts is the step's overhead (:attr:`ModelProfile.step_overhead_s`). Where a run puts several
 ranks on a host, as many profiling processes measure at once (``co_runners``), so the times hold the
 contention for the cores that the ranks will meet. :func:`estimate_with_profile` puts the line's activations
@@ -39,7 +39,7 @@ from workbench.models.init import LMConfig
 from workbench.runs.atomic import write_atomic
 from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_memory
 
-#: The trainer's steps timed in threes (MLX): the step, and the bare forward and backward and the update before it.
+#: The rank's steps timed in threes: the step, and the bare forward and backward and the update before it.
 STEP_SAMPLES = ("step_s_samples", "step_bare_s_samples", "step_update_s_samples")
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
@@ -104,8 +104,8 @@ class ModelProfile:
         activation_fit: Bytes against ``b``, fitted to each size's largest sample.
         compute_fit: Seconds against ``b``, fitted to each size's median.
         forward_fit: The same of the forward alone, or None.
-        step_s_samples: MLX: at the smallest size, seconds of the trainer's whole step (DDP's ``make_trainer`` on a
-            group of one, timed as ``train_mlx`` times it); None where not measured (JAX).
+        step_s_samples: At the smallest size, seconds of the rank's whole DDP step on a group of one (timed as
+            ``train_mlx`` / ``train_jax`` time it); None where not measured.
         step_bare_s_samples, step_update_s_samples: Beside each, the bare forward and backward and the update
             timed just before it.
         co_runners: Profiling processes that measured at once (a run's ranks per host); all their seconds are here.
