@@ -119,7 +119,7 @@ def recommendation(gap, validation: pd.DataFrame, advice=None) -> str:
     k = key_numbers(gap, validation, advice)
     value = {str(name).partition(": ")[2]: v for name, v in k.items()}
     fp32, bf16 = (value[f"FSDP step-time overhead over DDP, {p}, worst (%)"] for p in ("fp32", "bf16"))
-    state = value["FSDP optimizer state / DDP's, measured"]
+    state = value["FSDP optimizer-side state / DDP's, measured, worst"]
     buckets = ("* **Buckets:** keep MLX's 32 MiB for multi-billion-parameter models: the arrays, not the knob, set "
                "the collective count. For smaller ones, take the size `recommend_communication_size` advises on "
                "your machine's measured links")
@@ -132,7 +132,8 @@ def recommendation(gap, validation: pd.DataFrame, advice=None) -> str:
         "do not divide N (no constraint, tiny padding); **row** when moving to full parameter sharding, where "
         "per-array shards are the unit to gather.",
         f"* **FSDP:** adopt it where optimizer state is a large share of the peak: it trains like DDP (the runs "
-        f"above), its ranks held {state:.2f} of DDP's optimizer state each on 2 ranks, and on 8 GPUs it cost up to "
+        f"above); on 2 ranks each held at most {state:.2f} of DDP's optimizer-side state (half of AdamW's moments, "
+        f"and the resident step's 1/N master shard); on 8 GPUs it cost up to "
         f"{fp32:+.1f}% of step time in fp32 and {bf16:+.1f}% in bf16 (MLX PR #3130).",
         "* **MLX's `fully_shard` (MLX >= 0.32.1):** it keeps every gathered unit until backward, so it holds less "
         "than `fsdp_apply_gradients` only as N grows (the comparison above).",

@@ -147,7 +147,8 @@ def key_numbers(gap, validation: pd.DataFrame, advice: AdviceCheck | None = None
         "Qwen 3.7B, 8 GPUs: DDP - FSDP, modelled (GB)": round(gap.predicted_difference_bytes / 1e9, 1),
         "PR #3130: FSDP step-time overhead over DDP, fp32, worst (%)": float(t.fsdp_overhead_pct.max()),
         "PR #3130: FSDP step-time overhead over DDP, bf16, worst (%)": float(t.fsdp_bf16_overhead_pct.max()),
-        "reference runs, 2 ranks: FSDP optimizer state / DDP's, measured": round(fsdp_state / max(ddp_state), 3),
+        "reference runs, 2 ranks: FSDP optimizer-side state / DDP's, measured, worst": round(
+            fsdp_state / max(ddp_state), 3),
         "reference runs, MLX: worst |measured / modelled - 1|, peak (%)": round(
             100 * float(error[mlx.component == "peak"].max()), 1),
         "reference runs, MLX: worst |measured / modelled - 1|, parameters and state (%)": round(
