@@ -142,6 +142,29 @@ def test_activations_korthikanti():
         estimate_activation_bytes(seq_len=-1, micro_batch_size=1, config="gpt2")
 
 
+
+def test_activation_levers_fused_attention_and_full_recompute():
+    """Issue 29 item 5: the levers notebook 03 names. s=2048, b=2, h=4096, a=32, L=32 (llama-3-8b's shape)."""
+    s, b, h, a, n_layers = 2048, 2, 4096, 32, 32
+    inputs, scores = 34 * s * b * h, 5 * a * s * s * b  # per layer: 570,425,344 and 1,342,177,280 bytes
+    shape = dict(seq_len=s, micro_batch_size=b, hidden_size=h, num_heads=a, num_layers=n_layers)
+    assert estimate_activation_bytes(**shape) == n_layers * (inputs + scores) == 61_203_283_968
+    # a fused attention kernel keeps no s x s scores: 34 sbh per layer
+    assert estimate_activation_bytes(**shape, fused_attention=True) == n_layers * inputs == 18_253_611_008
+    # full recompute: each layer's 16-bit input (2 sbh), plus the one layer the backward recomputes
+    assert estimate_activation_bytes(**shape, recompute=True) == n_layers * 2 * s * b * h + inputs + scores == 2_986_344_448
+    both = estimate_activation_bytes(**shape, recompute=True, fused_attention=True)
+    assert both == n_layers * 2 * s * b * h + inputs == 1_644_167_168
+    assert estimate_activation_bytes(seq_len=s, micro_batch_size=b, config="llama-3-8b", recompute=True) == 2_986_344_448
+    with pytest.raises(ValueError, match="recompute"):
+        estimate_activation_bytes(**shape, recompute="full")
+    from workbench.estimate.grid import estimate_breakdowns
+
+    (plain,), (levered,) = (estimate_breakdowns("llama-3-8b", ("fsdp",), (8,), micro_batch_size=b, seq_len=s, **k)
+                            for k in (dict(), dict(recompute=True, fused_attention=True)))
+    assert (plain["activations"], levered["activations"]) == (61_203_283_968, 1_644_167_168)
+    assert plain.phase_bytes("states") == levered.phase_bytes("states")  # only the activations change
+
 def test_qwen_3_7b_gap_is_the_sharded_optimizer_state():
     gap = explain_qwen_3_7b()
     assert gap.measured_difference_bytes == pytest.approx(27.7337e9)

@@ -29,18 +29,31 @@ def largest_unit_params(spec: ModelSpec, *, experts: bool = True) -> int:
 
 def estimate_activation_bytes(*, seq_len: int, micro_batch_size: int, hidden_size: int | None = None,
                               num_heads: int | None = None, num_layers: int | None = None,
-                              config: ModelArg | None = None) -> int:
-    """Activation bytes kept for backward: ``L * s * b * h * (34 + 5 * a * s / h)``.
+                              config: ModelArg | None = None, fused_attention: bool = False,
+                              recompute: bool = False) -> int:
+    """Activation bytes kept for backward, at their peak: ``L * s * b * h * (34 + 5 * a * s / h)`` by default.
 
-    Korthikanti et al. 2022 (arXiv:2205.05198, Sec. 4.1, Eq. 1): 16-bit activations, no
-    recomputation, no tensor or sequence parallelism; embeddings and the output layer excluded.
-    The 34 assumes a 4h MLP, so GLU models with other widths are approximate.
+    Korthikanti et al. 2022 (arXiv:2205.05198, Sec. 4.1, Eq. 1): 16-bit activations, no tensor or
+    sequence parallelism; embeddings and the output layer excluded. The 34 assumes a 4h MLP, so GLU
+    models with other widths are approximate. Per layer, ``34 * s * b * h`` bytes are the inputs of its
+    matrix multiplies, norms, activation function and dropouts; ``5 * a * s**2 * b`` are the attention
+    scores (softmax output 2, dropout mask 1, dropout output 2 bytes per score).
 
     Args:
         seq_len: s, tokens per sequence. micro_batch_size: b, sequences per rank.
         hidden_size, num_heads, num_layers: h, a, L; default to ``config``'s.
         config: A preset name, a ``config.json`` path or dict, or an :class:`ArchitectureConfig`
             (:func:`~workbench.core.resolve.resolve_architecture`).
+        fused_attention: A fused attention kernel (FlashAttention: Dao et al. 2022, arXiv:2205.14135) keeps no
+            ``s x s`` scores for backward (it recomputes them blockwise): each layer keeps ``34 * s * b * h``
+            bytes, Korthikanti's selective recomputation (Sec. 4.2, Eq. 2) by another route. Default: False.
+        recompute: Full activation recomputation (checkpointing every layer): each layer keeps only its
+            16-bit input, ``2 * s * b * h`` bytes (Korthikanti Sec. 4.2, ``2sbhL``), and the backward holds
+            one layer's activations again while it recomputes it: ``L * 2sbh`` plus one layer of the
+            formula above (with or without the scores, per ``fused_attention``). Default: False.
+
+    Returns:
+        Bytes (an int).
     """
     if config is not None:
         config = resolve_architecture(config, argument="config")
@@ -52,4 +65,8 @@ def estimate_activation_bytes(*, seq_len: int, micro_batch_size: int, hidden_siz
                       for k, v in (("hidden_size", h), ("num_heads", a), ("num_layers", n_layers)))
     if None in (h, a, n_layers):
         raise ValueError("hidden_size, num_heads and num_layers must be given, or a config.")
-    return int(round(n_layers * s * b * h * (34 + 5 * a * s / h)))
+    for name, flag in (("fused_attention", fused_attention), ("recompute", recompute)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}.")
+    per_layer = s * b * h * 34 + (0 if fused_attention else 5 * a * s * s * b)
+    return int(n_layers * 2 * s * b * h + per_layer) if recompute else int(n_layers * per_layer)

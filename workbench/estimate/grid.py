@@ -28,7 +28,8 @@ def powers_between(low: int, high: int) -> tuple[int, ...]:
 def estimate_breakdowns(model: "ModelArg", strategies: Sequence[str] = EXPLORER_STRATEGIES,
                         num_shards: Sequence[int] = (8, 64), *, param_dtype: str = "bfloat16",
                         master_dtype: str | None = "float32", optimizer: str = "adamw", micro_batch_size: int = 1,
-                        seq_len: int = 2048, update_copies: str = "none") -> list[MemoryEstimate]:
+                        seq_len: int = 2048, update_copies: str = "none", recompute: bool = False,
+                        fused_attention: bool = False) -> list[MemoryEstimate]:
     """:func:`estimate_memory` of a preset for each strategy and N (strategy-major), activations included.
 
     Args:
@@ -38,7 +39,9 @@ def estimate_breakdowns(model: "ModelArg", strategies: Sequence[str] = EXPLORER_
         strategies, num_shards: The grid; N is ranks (the data-parallel degree).
         param_dtype, master_dtype, optimizer, update_copies: As :func:`estimate_memory` (optimizer states in fp32).
         micro_batch_size, seq_len: Sequences per rank and tokens per sequence, for
-            :func:`estimate_activation_bytes` (Korthikanti et al., no recomputation).
+            :func:`estimate_activation_bytes` (Korthikanti et al.).
+        recompute, fused_attention: The activation levers, as :func:`estimate_activation_bytes`: full
+            recomputation keeps only each layer's input; a fused attention kernel keeps no ``s x s`` scores.
 
     Raises:
         ValueError: naming the knob (``model``, ``num_shards``, ``strategy``, ``seq_len``...).
@@ -57,6 +60,7 @@ def estimate_breakdowns(model: "ModelArg", strategies: Sequence[str] = EXPLORER_
     spec = spec or resolve_spec(model, dtype=param_dtype, argument="model")
     # A ModelSpec holds shapes only: no hidden size or layers to estimate activations from.
     act = 0 if isinstance(model, type(spec)) else estimate_activation_bytes(
-        seq_len=seq_len, micro_batch_size=micro_batch_size, config=model)
+        seq_len=seq_len, micro_batch_size=micro_batch_size, config=model, recompute=recompute,
+        fused_attention=fused_attention)
     return [estimate_memory(spec, s, n, param_dtype=param_dtype, master_dtype=master_dtype, optimizer=optimizer,
                             activation_bytes=act, update_copies=update_copies) for s in strategies for n in num_shards]
