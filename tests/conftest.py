@@ -56,6 +56,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_engine_death": ENGINES,
     "test_engines": ENGINES,
     "test_examples": (),
+    "test_explorer_export": (PROCESS,),
     "test_explorer_layout": (),
     "test_factory_seed": ENGINES,
     "test_figure_checks": (),

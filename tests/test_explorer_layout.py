@@ -2,6 +2,7 @@
 layout and data after each control change, the widths of figures and controls, the busy cue around a
 redraw, and the memory explorer's labels, capacity line and largest micro-batch that fits."""
 
+import html
 import re
 
 import ipywidgets as widgets
@@ -233,3 +234,69 @@ def test_a_figure_a_live_page_never_drew_is_named_with_the_remedy():
     fw._js2py_traceDeltas = {"trace_deltas": [{"uid": t.uid} for t in fw.data], "trace_edit_id": fw._last_trace_edit_id}
     explorer.controls["link"].value = list(explorer.controls["link"].options)[0]
     assert "Not drawn" not in explorer.status.value
+
+
+def drawn(fw) -> list:
+    """What a figure widget draws (it keeps hidden spare traces): each visible trace's name, x and y."""
+    return [(t.name, repr(t.x), repr(t.y)) for t in fw.data if t.visible is not False]
+
+
+def row_of(explorer, fw):
+    return next(c for c in explorer.children if isinstance(c, widgets.HBox) and any(k is fw for k in c.children))
+
+
+@pytest.mark.parametrize("which", ["layout", "memory"])
+def test_pin_keeps_a_frozen_view_beside_the_live_one(which):
+    """Issue 29 item 13: pin the view, change a control: only the live side follows; unpin removes the copy."""
+    if which == "layout":
+        from workbench.views.widgets import build_layout_explorer
+
+        explorer = build_layout_explorer("gpt2", num_shards=4)
+        changes, pinned_state = (("num_shards", 16), ("model", "qwen3-4b")), ("'gpt2'", "num_shards=4")
+    else:
+        from workbench.views.memory_explorer import build_memory_explorer
+
+        explorer = build_memory_explorer("gpt2", num_shards=(2, 8), seq_len=256)
+        changes, pinned_state = (("num_shards", (4, 16)), ("model", "qwen3-4b")), ("'gpt2'", "num_shards=(2, 8)")
+    full = {name: fw.layout.width for name, fw in explorer.figures.items()}
+    before = {name: drawn(fw) for name, fw in explorer.figures.items()}
+    explorer.pin_button.click()
+    assert explorer.pin_button.description == "unpin" and set(explorer.pinned) == set(explorer.figures)
+    for name, fw in explorer.figures.items():
+        copy = explorer.pinned[name]
+        assert copy is not fw and row_of(explorer, fw) is row_of(explorer, copy)  # side by side, one row
+        assert fw.layout.width == copy.layout.width < full[name]  # each takes half the width
+    for control, value in changes:
+        explorer.controls[control].value = value
+    for name, fw in explorer.figures.items():
+        assert drawn(explorer.pinned[name]) == before[name], name  # frozen
+        assert drawn(fw) != before[name], name  # live
+    label = html.unescape(explorer.pinned_label.value)
+    assert all(part in label for part in pinned_state) and explorer.pinned_code in label, label
+    assert "qwen3-4b" not in label and explorer.pinned_code.startswith("build_")
+    explorer.pin_button.click()  # unpin
+    assert not explorer.pinned and explorer.pinned_code is None and explorer.pinned_label.value == ""
+    assert all(any(c is fw for c in explorer.children) for fw in explorer.figures.values())
+    assert {name: fw.layout.width for name, fw in explorer.figures.items()} == full
+
+
+def test_export_never_overwrites_another_views_files(tmp_path):
+    """Issue 29 item 12: a file of the export's name that holds another view is kept, and the reader told;
+    names come from the view (model, size, N, layout) and differ for views that differ anywhere."""
+    from workbench.views.explorer_tools import view_stem
+    from workbench.views.widgets import build_layout_explorer
+
+    explorer = build_layout_explorer("gpt2", num_shards=4, layout="flat")
+    stem = view_stem(explorer.view_parts(), explorer.code_line())
+    assert stem.startswith("layout-gpt2-32-MiB-N4-flat-")
+    explorer.controls["rank"].value = 1  # the same parts, another view: another name
+    assert view_stem(explorer.view_parts(), explorer.code_line()) != stem
+    explorer.controls["rank"].value = 0
+    md = tmp_path / f"{stem}.md"
+    md.write_text("another view\n")
+    with pytest.raises(FileExistsError, match=re.escape(str(md))):
+        explorer.export(tmp_path)
+    explorer.export_folder.value = str(tmp_path)
+    explorer.export_button.click()
+    assert "Not exported" in explorer.export_note.value and "holds another view" in explorer.export_note.value
+    assert md.read_text() == "another view\n" and sorted(p.name for p in tmp_path.iterdir()) == [md.name]

@@ -15,6 +15,7 @@ from workbench.core.units import format_number, format_params
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, UPDATE_COPIES
 from workbench.estimate.grid import POWERS_OF_TWO, estimate_breakdowns, powers_between
+from workbench.views.explorer_tools import ExplorerTools
 from workbench.views.memory import UNITS, breakdown_summary, fig_memory_breakdown
 from workbench.views.style import TEMPLATE
 from workbench.views.widget_sync import (WidthProbe, busy, slider_layout, sync_figure_widget, undrawn_notice,
@@ -29,6 +30,8 @@ EXPLORER_CHOICES = {"param_dtype": ("bfloat16", "float16", "float32"), "master_d
                     "optimizer": tuple(OPTIMIZER_NUM_STATES), "update_copies": UPDATE_COPIES}
 
 
+#: The activation levers the explorer offers as checkboxes (:func:`~workbench.estimate.activations.estimate_activation_bytes`).
+LEVERS = {"recompute": "recompute activations (full)", "fused_attention": "fused attention (no s×s scores)"}
 EXPLORER_SLIDERS = {"micro_batch_size": POWERS_OF_TWO[:7], "seq_len": tuple(2**k for k in range(7, 16))}
 
 #: Device memories the explorer offers, in GB (10**9 bytes, the unit of its figure): common accelerator sizes.
@@ -109,14 +112,15 @@ def fig_memory_explorer(estimates: Sequence[MemoryEstimate], capacity_bytes: flo
     return fig
 
 
-class MemoryExplorer(widgets.VBox):
+class MemoryExplorer(ExplorerTools, widgets.VBox):
     """Controls, a breakdown FigureWidget and a status line; see :func:`build_memory_explorer`.
 
     Attributes:
         controls: ``{name: widget}``: ``model``, ``param_dtype``, ``master_dtype``, ``optimizer``,
-            ``update_copies``, ``micro_batch_size``, ``seq_len``, ``num_shards`` (a range of powers
-            of two).
-        figure: The breakdown :class:`plotly.graph_objects.FigureWidget`.
+            ``update_copies``, ``recompute``, ``fused_attention``, ``micro_batch_size``, ``seq_len``,
+            ``num_shards`` (a range of powers of two), ``device_memory``.
+        figure: The breakdown :class:`plotly.graph_objects.FigureWidget`; ``figures`` holds it by name.
+        Export and pin: :class:`~workbench.views.explorer_tools.ExplorerTools`.
         status: An HTML line: the peaks on screen, or the error that kept the last figure.
         estimates: The estimates on screen.
     """
@@ -141,6 +145,8 @@ class MemoryExplorer(widgets.VBox):
             "model": widgets.Dropdown(options=models, value=model, description="model", **wide),
             **{name: widgets.Dropdown(options=list(options), value=values[name], description=name, **wide)
                for name, options in EXPLORER_CHOICES.items()},
+            **{name: widgets.Checkbox(value=values[name], description=label, indent=False)
+               for name, label in LEVERS.items()},
             **{name: widgets.SelectionSlider(options=sorted({*options, values[name]}), value=values[name],
                                              description=name, continuous_update=False,
                                              layout=slider_layout(), **wide)
@@ -153,11 +159,14 @@ class MemoryExplorer(widgets.VBox):
                                               **wide),
         }
         self.figure = watch_drawn(go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH)))
+        self.figures = {"memory_breakdown": self.figure}
         self.status, self.code, self.estimates, self._shown = widgets.HTML(), widgets.HTML(), [], None
         self.capacity, self.probe = widgets.HTML(), WidthProbe()  # the figure follows the notebook's width
         c = self.controls
-        self.children = [self.probe, wrapping_row([c["model"], c["param_dtype"], c["master_dtype"]]),
+        self.children = [self.probe, self._tools_row(), self.pinned_label,
+                         wrapping_row([c["model"], c["param_dtype"], c["master_dtype"]]),
                          wrapping_row([c["optimizer"], c["update_copies"], c["device_memory"]]),
+                         wrapping_row([c["recompute"], c["fused_attention"]]),
                          wrapping_row([c["micro_batch_size"], c["seq_len"], c["num_shards"]]),
                          self.status, self.capacity, self.code, self.figure]
         for control in c.values():
@@ -165,9 +174,22 @@ class MemoryExplorer(widgets.VBox):
         self.probe.observe(lambda change: self.update(), names="width")
         self.update()
 
-    def code_line(self) -> str:
-        """The call that reproduces this view (a given spec or config is named ``model``)."""
+    CODE_IMPORTS = "from workbench.views.memory_explorer import build_memory_explorer"
+
+    def view_parts(self) -> list[str]:
+        """What an export's file names say of this view: model, the N range, micro-batch and sequence length."""
         v = {name: control.value for name, control in self.controls.items()}
+        model = v["model"] if isinstance(v["model"], str) else getattr(v["model"], "name", None) or "given"
+        low, high = v["num_shards"]
+        return ["memory", model, f"N{low}-{high}", f"b{v['micro_batch_size']}", f"s{v['seq_len']}"]
+
+    def code_line(self) -> str:
+        """The call that reproduces this view (a given spec or config is named ``model``); the levers and the
+        device memory only when not their defaults."""
+        v = {name: control.value for name, control in self.controls.items()}
+        for lever in LEVERS:
+            if not v[lever]:
+                del v[lever]
         model = repr(v.pop("model")) if isinstance(self.controls["model"].value, str) else "model"
         device = v.pop("device_memory")  # named only when not the default
         if device != DEFAULT_DEVICE_MEMORY_GB * UNITS["GB"]:
@@ -184,7 +206,7 @@ class MemoryExplorer(widgets.VBox):
             capacity = v.pop("device_memory")
             try:
                 estimates = estimate_breakdowns(v.pop("model"), num_shards=powers_between(*v.pop("num_shards")), **v)
-                width = self.probe.figure_width(FIGURE_WIDTH)
+                width = self.figure_width(FIGURE_WIDTH)
                 fig = fig_memory_explorer(estimates, capacity, width)
             except ValueError as err:
                 self.status.value = f"<span style='color:#B00020'><b>Error:</b> {html.escape(str(err))}</span>"
@@ -202,7 +224,8 @@ class MemoryExplorer(widgets.VBox):
 def build_memory_explorer(model: "ModelArg" = "llama-3-8b", *, num_shards: tuple[int, int] = (8, 64),
                           param_dtype: str = "bfloat16", master_dtype: str | None = "float32",
                           optimizer: str = "adamw", micro_batch_size: int = 1, seq_len: int = 2048,
-                          update_copies: str = "none", device_memory_gb: int = DEFAULT_DEVICE_MEMORY_GB) -> MemoryExplorer:
+                          update_copies: str = "none", recompute: bool = False, fused_attention: bool = False,
+                          device_memory_gb: int = DEFAULT_DEVICE_MEMORY_GB) -> MemoryExplorer:
     """An explorer of per-rank memory for every strategy of :data:`EXPLORER_STRATEGIES` against N.
 
     Args:
@@ -210,6 +233,8 @@ def build_memory_explorer(model: "ModelArg" = "llama-3-8b", *, num_shards: tuple
             ``spec_from_nnx``; no activations). num_shards: ``(low, high)``, powers of two in 1..1024: every power between.
         param_dtype, master_dtype, optimizer, update_copies: As :func:`estimate_memory`.
         micro_batch_size: Sequences per rank. seq_len: Tokens per sequence.
+        recompute, fused_attention: The activation levers (full recomputation; a fused attention kernel), as
+            :func:`~workbench.estimate.activations.estimate_activation_bytes`.
         device_memory_gb: The device's memory in GB (10**9 bytes), one of :data:`DEVICE_MEMORY_GB`: the
             capacity line, the largest micro-batch that fits each strategy, and which do not fit.
 
@@ -220,6 +245,6 @@ def build_memory_explorer(model: "ModelArg" = "llama-3-8b", *, num_shards: tuple
         raise ValueError(f"device_memory_gb must be one of {list(DEVICE_MEMORY_GB)}, got {device_memory_gb!r}.")
     explorer = MemoryExplorer(model, num_shards, param_dtype=param_dtype, master_dtype=master_dtype,
                               optimizer=optimizer, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                              update_copies=update_copies)
+                              update_copies=update_copies, recompute=recompute, fused_attention=fused_attention)
     explorer.controls["device_memory"].value = device_memory_gb * UNITS["GB"]
     return explorer

@@ -22,6 +22,7 @@ from workbench.core.shards import LAYOUTS, ShardPlan, plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes, format_seconds
 from workbench.estimate.comm import AlphaBeta, estimate_comm
+from workbench.views.explorer_tools import ExplorerTools
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import MAX_ARRAY_GROUPS, fig_rank_load, fig_shard_map
@@ -30,10 +31,9 @@ from workbench.views.widget_sync import (WidthProbe, busy, slider_layout, sync_f
                                         watch_drawn, wrapping_row)
 from workbench.views.tables import layout_metrics_html
 
-#: Choices of the ``communication_size`` slider, in bytes: 0 (one bucket per array), then 1 MiB to 256 MiB.
-COMMUNICATION_SIZES = (0,) + tuple(2**k * MiB for k in range(9))
-#: Choices of the ``num_shards`` slider: powers of two from 1 to 1024.
-NUM_SHARDS = tuple(2**k for k in range(11))
+#: Choices of the sliders: ``communication_size`` in bytes, 0 (one bucket per array) then 1 MiB to 256 MiB;
+#: ``num_shards``, powers of two from 1 to 1024.
+COMMUNICATION_SIZES, NUM_SHARDS = (0,) + tuple(2**k * MiB for k in range(9)), tuple(2**k for k in range(11))
 #: The FigureWidgets of an explorer, by name.
 FIGURES = ("bucket_layout", "shard_map", "rank_load")
 #: Trace slots a figure widget reserves on its first draw (see :func:`~workbench.views.widget_sync.sync_figure_widget`):
@@ -59,7 +59,7 @@ def _size_label(num_bytes: int) -> str:
     return f"{num_bytes // MiB} MiB" if num_bytes % MiB == 0 else format_bytes(num_bytes)
 
 
-class LayoutExplorer(widgets.VBox):
+class LayoutExplorer(ExplorerTools, widgets.VBox):
     """Controls, figures, a rank inspector, a cost line and the code of the current view; see
     :func:`build_layout_explorer`.
 
@@ -71,9 +71,8 @@ class LayoutExplorer(widgets.VBox):
         cost: An HTML line: collectives per step and their predicted time on the chosen link
             (:func:`~workbench.estimate.comm.estimate_comm`), beside the bytes.
         inspector: HTML: every slice the chosen rank holds (:mod:`workbench.views.rank_inspector`).
-        metrics: HTML: the layouts compared (:func:`workbench.views.tables.layout_metrics_html`; an HTML
-            table, laid out by the browser, where a plotly table drew blank cells before attach).
-        code: HTML: the one call that reproduces this view.
+        metrics: HTML: the layouts compared (:func:`workbench.views.tables.layout_metrics_html`).
+        code: HTML: the one call that reproduces this view. Export and pin: :class:`ExplorerTools`.
         bucket_plan: The bucket plan on screen (``None`` before the first success).
         shard_plans: ``{layout: ShardPlan}`` on screen, the chosen layout first.
     """
@@ -142,7 +141,7 @@ class LayoutExplorer(widgets.VBox):
         self._wanted = dict(bucket=bucket, rank=rank)
         c = self.controls
         self.children = [
-            self.probe, wrapping_row([c["model"], c["policy"]]),
+            self.probe, self._tools_row(), self.pinned_label, wrapping_row([c["model"], c["policy"]]),
             wrapping_row([c["layout"], c["pad_rows"]], align_items="center"),
             wrapping_row([c["communication_size"], c["num_shards"]]),
             wrapping_row([c["bucket"], c["rank"], c["link"]]),
@@ -194,6 +193,14 @@ class LayoutExplorer(widgets.VBox):
                     raise
                 notes.append(f"{name} not shown: {err}")
         return plans, notes
+
+    CODE_IMPORTS = "from workbench.core.units import MiB\nfrom workbench.views.widgets import build_layout_explorer"
+
+    def view_parts(self) -> list[str]:
+        """What an export's file names say of this view: model, size, N, layout."""
+        v = {name: control.value for name, control in self.controls.items()}
+        return ["layout", getattr(v["model"], "name", v["model"]), _size_label(v["communication_size"]),
+                f"N{v['num_shards']}", v["layout"]]
 
     def code_line(self) -> str:
         """The call that reproduces this view (a given spec is named ``spec``)."""
@@ -250,7 +257,7 @@ class LayoutExplorer(widgets.VBox):
             return False
         self._wanted = {}
         for name, fig in new.items():
-            fig.layout.width = self.probe.figure_width(FIGURE_WIDTH)
+            fig.layout.width = self.figure_width(FIGURE_WIDTH)
             self._shown[name] = sync_figure_widget(self.figures[name], fig, self._shown[name], SLOTS.get(name, ()))
         self.bucket_plan, self.shard_plans = bucket_plan, plans
         self._syncing = True
@@ -276,17 +283,9 @@ class LayoutExplorer(widgets.VBox):
         return True
 
 
-def build_layout_explorer(
-    spec_or_preset: ModelSpec | str = "tiny-llama",
-    communication_size: int = 32 * MiB,
-    num_shards: int = 8,
-    layout: str = "row",
-    policy: str = "mlx",
-    *,
-    pad_rows: bool = False,
-    bucket: int = 0,
-    rank: int = 0,
-) -> LayoutExplorer:
+def build_layout_explorer(spec_or_preset: ModelSpec | str = "tiny-llama", communication_size: int = 32 * MiB,
+                          num_shards: int = 8, layout: str = "row", policy: str = "mlx", *, pad_rows: bool = False,
+                          bucket: int = 0, rank: int = 0) -> LayoutExplorer:
     """An explorer of bucket sizes and shard layouts for one model.
 
     Controls: the model (the presets of :mod:`workbench.core.presets`, plus ``spec_or_preset``
@@ -310,8 +309,7 @@ def build_layout_explorer(
         rank: The rank drawn and inspected (clamped to N - 1).
 
     Returns:
-        A :class:`LayoutExplorer` (an ``ipywidgets.VBox``) with ``.controls``,
-        ``.figures``, ``.status``, ``.cost``, ``.inspector``, ``.code`` and ``.update()``.
+        A :class:`LayoutExplorer` (an ``ipywidgets.VBox``); ``.export(folder)`` saves the view, ``.pin()`` keeps it.
 
     Raises:
         ValueError: on an unknown preset, layout or policy, or a bad N, cap, bucket or rank.

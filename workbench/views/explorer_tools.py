@@ -1,0 +1,185 @@
+"""What both explorers offer beside their controls (issue 29 items 12 and 13): export the current view (every
+figure as SVG and PNG, with the call that reproduces it, ready for a deck) and pin it, a frozen copy of its
+figures beside the live ones, to compare it with a second setting (two sizes, two models, two N).
+
+:class:`ExplorerTools` is mixed into :class:`~workbench.views.widgets.LayoutExplorer` and
+:class:`~workbench.views.memory_explorer.MemoryExplorer`; it needs their ``figures`` (``{name: FigureWidget}``),
+``probe`` (:class:`~workbench.views.widget_sync.WidthProbe`), ``code_line()``, ``view_parts()`` and
+``CODE_IMPORTS``. Images go through kaleido, which drives Chromium (``$WORKBENCH_CHROMIUM`` if set, else
+kaleido's own search of PATH), and every file is written atomically (:mod:`workbench.runs.atomic`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import html
+import os
+import re
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from workbench.runs.atomic import replace_atomic, temp_beside, write_atomic
+from workbench.views.widget_sync import wrapping_row
+
+#: Image formats an export writes for each figure.
+EXPORT_FORMATS = ("svg", "png")
+#: Folder the export button writes to, relative to the notebook's working directory, until the reader picks one.
+DEFAULT_EXPORT_FOLDER = "explorer-exports"
+#: Pixels between a live figure and its pinned copy (CSS gap, which a flex row honours).
+PAIR_GAP_PX = 8
+
+
+def view_stem(parts: Sequence[str], code: str) -> str:
+    """A file stem naming a view: its parts (model, N, size...) made safe for a file name, then 8 hex digits of
+    ``code``'s SHA-256 (the reproducing call, and a pinned view's), so two views that differ anywhere never share
+    a name, and one view exported again keeps its names."""
+    slug = "-".join(re.sub(r"[^A-Za-z0-9.]+", "-", str(p)).strip("-") for p in parts if str(p))
+    return f"{slug[:96]}-{hashlib.sha256(code.encode()).hexdigest()[:8]}"
+
+
+@contextlib.contextmanager
+def _chromium_for_kaleido() -> Iterator[None]:
+    """``$WORKBENCH_CHROMIUM`` (the project's choice of browser) as kaleido's ``BROWSER_PATH`` for the call."""
+    given, before = os.environ.get("WORKBENCH_CHROMIUM"), os.environ.get("BROWSER_PATH")
+    if given and not before:
+        os.environ["BROWSER_PATH"] = given
+    try:
+        yield
+    finally:
+        if given and not before:
+            os.environ.pop("BROWSER_PATH", None)
+
+
+def write_images(figures: Sequence[go.Figure], paths: Sequence[Path]) -> list[Path]:
+    """Each figure to its path (the format from the suffix) with kaleido, one Chromium for all, each at its own
+    layout width and height, every file written beside and renamed into place (a reader never sees part of one).
+
+    Raises:
+        RuntimeError: naming the files kaleido did not write, or how to give it a Chromium.
+    """
+    import plotly.io as pio
+
+    tmps = [temp_beside(p) for p in paths]
+    try:
+        try:
+            with _chromium_for_kaleido():
+                pio.write_images(list(figures), tmps, scale=2, validate=False)
+        except Exception as err:  # kaleido's own errors: no Chromium, a browser that died...
+            raise RuntimeError(f"Could not write {', '.join(p.name for p in paths)}: {err} (kaleido needs Chromium: "
+                               "set WORKBENCH_CHROMIUM to its executable, or `apt-get install chromium`).") from err
+        missing = [p.name for p, t in zip(paths, tmps) if not t.is_file() or t.stat().st_size == 0]
+        if missing:
+            raise RuntimeError(f"kaleido wrote no image for: {', '.join(missing)}")
+        return [replace_atomic(t, p) for t, p in zip(tmps, paths)]
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+
+
+class ExplorerTools:
+    """Export and pin for an explorer (see the module's docstring for what the explorer provides).
+
+    Attributes:
+        pinned: ``{name: FigureWidget}``: the frozen copies beside the live figures; empty when nothing is pinned.
+        pinned_code: The call that reproduces the pinned view, or ``None``.
+        pinned_label: HTML naming the pinned view (its call), empty when nothing is pinned.
+        export_folder: A text field: the folder the export button writes to.
+        export_note: HTML: the files the last export wrote, or why it could not.
+    """
+
+    def _tools_row(self) -> widgets.HBox:
+        """The row of export and pin controls; call once in ``__init__``, before the first ``update()``."""
+        self.pinned: dict[str, go.FigureWidget] = {}
+        self.pinned_code: str | None = None
+        self.pinned_label, self.export_note = widgets.HTML(), widgets.HTML()
+        self.export_folder = widgets.Text(value=DEFAULT_EXPORT_FOLDER, description="export to",
+                                          style={"description_width": "initial"}, layout=widgets.Layout(width="260px"))
+        self.export_button = widgets.Button(description="export view", icon="download",
+                                            tooltip="Save every figure as SVG and PNG, with the call that reproduces it")
+        self.pin_button = widgets.Button(description="pin view", icon="thumb-tack",
+                                         tooltip="Keep a frozen copy of these figures beside the live ones")
+        self.export_button.on_click(lambda _: self._export_clicked())
+        self.pin_button.on_click(lambda _: self.unpin() if self.pinned else self.pin())
+        return wrapping_row([self.export_folder, self.export_button, self.pin_button, self.export_note],
+                            align_items="center")
+
+    def figure_width(self, default: int) -> int:
+        """Pixels for each live figure: the probe's width, or half of it (less :data:`PAIR_GAP_PX`) while a view is
+        pinned, so the pair sits side by side (a row that cannot hold both wraps: the pinned copy goes below)."""
+        width = self.probe.figure_width(default)
+        return max((width - PAIR_GAP_PX) // 2, self.probe.MIN_PX) if self.pinned else width
+
+    def pin(self) -> None:
+        """Freeze a copy of the current figures beside the live ones (a pinned view is replaced); controls then
+        change only the live side."""
+        if self.pinned:
+            self.unpin()
+        self.pinned_code = self.code_line()
+        self.pinned = {name: go.FigureWidget(fw.to_dict()) for name, fw in self.figures.items()}
+        self.pinned_label.value = ("<b>pinned</b> (right, or below when narrow): "
+                                   f"<code style='user-select:all'>{html.escape(self.pinned_code)}</code>")
+        self._pairs = {name: wrapping_row([fw, self.pinned[name]], grid_gap=f"{PAIR_GAP_PX}px")
+                       for name, fw in self.figures.items()}
+        live = {id(fw): name for name, fw in self.figures.items()}
+        self.children = [self._pairs[live[id(c)]] if id(c) in live else c for c in self.children]
+        self.pin_button.description, self.pin_button.icon = "unpin", "times"
+        self.update()  # the live figures take half the width
+        for name, fw in self.pinned.items():
+            fw.layout.width = self.figures[name].layout.width
+
+    def unpin(self) -> None:
+        """Remove the pinned copy; the live figures take the whole width again."""
+        pairs = {id(pair): name for name, pair in getattr(self, "_pairs", {}).items()}
+        self.children = [self.figures[pairs[id(c)]] if id(c) in pairs else c for c in self.children]
+        self.pinned, self.pinned_code, self.pinned_label.value, self._pairs = {}, None, "", {}
+        self.pin_button.description, self.pin_button.icon = "pin view", "thumb-tack"
+        self.update()
+
+    def export(self, folder: str | os.PathLike = DEFAULT_EXPORT_FOLDER) -> list[Path]:
+        """Save the current view in ``folder`` (made if missing): each figure as ``<stem>-<figure>.svg`` and
+        ``.png`` (the pinned copies as ``<stem>-pinned-<figure>.*``), and ``<stem>.md`` with the call that
+        reproduces the view. The stem names the view (:meth:`view_parts`, and a hash of the call: :func:`view_stem`),
+        so one view exported again replaces its own files and never another's.
+
+        Returns:
+            The paths written, the markdown file last.
+
+        Raises:
+            FileExistsError: when ``<stem>.md`` holds another view (never overwritten silently).
+            RuntimeError: when kaleido cannot write the images (it names the remedy).
+        """
+        code = self.code_line()
+        pinned = self.pinned_code
+        stem = view_stem(self.view_parts(), code + (f"\npinned: {pinned}" if pinned else ""))
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        figures = {name: go.Figure(fw.to_dict()) for name, fw in self.figures.items()}
+        figures |= {f"pinned-{name}": go.Figure(fw.to_dict()) for name, fw in self.pinned.items()}
+        paths = [folder / f"{stem}-{name.replace('_', '-')}.{fmt}" for name in figures for fmt in EXPORT_FORMATS]
+        text = self.export_markdown(stem, code, [p.name for p in paths])
+        md = folder / f"{stem}.md"
+        if md.exists() and md.read_text(encoding="utf-8") != text:
+            raise FileExistsError(f"{md} holds another view; export to another folder or remove it.")
+        written = write_images([fig for fig in figures.values() for _ in EXPORT_FORMATS], paths)
+        return [*written, write_atomic(md, text)]
+
+    def export_markdown(self, stem: str, code: str, files: Sequence[str]) -> str:
+        """The markdown an export writes beside its images: the call that reproduces the view, the files, and the
+        pinned view's call when one is pinned."""
+        given = "" if not re.search(r"\((spec|model),", code) else (
+            "\n`spec` / `model` is the ModelSpec or config you passed to the explorer.\n")
+        pinned = f"\nPinned beside it:\n\n```python\n{self.pinned_code}\n```\n" if self.pinned_code else ""
+        return (f"# {stem}\n\nReproduce this view:\n\n```python\n{self.CODE_IMPORTS}\nexplorer = {code}\n"
+                f"explorer\n```\n{given}{pinned}\nFiles:\n\n" + "".join(f"- {name}\n" for name in files))
+
+    def _export_clicked(self) -> None:
+        try:
+            paths = self.export(self.export_folder.value.strip() or DEFAULT_EXPORT_FOLDER)
+        except (OSError, RuntimeError, ValueError) as err:
+            self.export_note.value = f"<span style='color:#B00020'><b>Not exported:</b> {html.escape(str(err))}</span>"
+            return
+        self.export_note.value = html.escape(f"exported {len(paths)} files to {paths[-1].parent}: {paths[-1].name}, …")
