@@ -1,12 +1,14 @@
 """Memory figures carry the model's numbers; the explorer redraws on every control; bad input names the knob."""
 
 import math
+import re
 
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
 from workbench.core.presets import get_preset
+from workbench.core.units import format_number
 from workbench.estimate.breakdown import PHASES
 from workbench.estimate.cases import ZERO_FIGURE_1, estimator_table, explain_qwen_3_7b, zero_figure_1_table
 from workbench.estimate.grid import estimate_breakdowns
@@ -138,7 +140,8 @@ def test_explorer_redraws_when_a_control_changes():
     explorer = build_memory_explorer("gpt2", num_shards=(2, 8), seq_len=512)
     want = estimate_breakdowns("gpt2", num_shards=(2, 4, 8), seq_len=512)
     assert stacked_totals(explorer.figure) == pytest.approx([e.total_bytes / 1e9 for e in want])
-    assert explorer.status.value == breakdown_summary(want)
+    assert explorer.status.value == breakdown_summary(want) == "N=8: " + ", ".join(
+        f"{e.strategy} {format_number(e.total_bytes / 1e9)} GB ({peak_label(e)})" for e in want if e.num_shards == 8)
     explorer.controls["optimizer"].value = "sgd"
     assert "optimizer_state" not in bars(explorer.figure)  # SGD keeps no state: no bar at all
     explorer.controls["seq_len"].value = 1024
@@ -227,3 +230,22 @@ def test_memory_explorer_takes_a_users_spec_or_config_and_shows_its_call():
     assert mine.controls["model"].label == "gpt2 (given)" and mine.estimates[0].num_params == spec.num_params
     assert "activations not counted" in mine.status.value
     assert mine.code_line().startswith("build_memory_explorer(model, ")
+
+
+def test_memory_explorer_status_reads_for_people_and_takes_the_activation_levers():
+    """Issue 29 item 5: the status read "361318.45 GB"; recompute and fused attention, the levers notebook 03
+    names, were missing."""
+    explorer = build_memory_explorer("llama-3-8b", num_shards=(8, 8), micro_batch_size=64, seq_len=32768)
+    assert explorer.status.value.startswith("N=8: ddp 361,000 GB (backward), ")
+    assert not re.search(r"\d{4}\.\d", explorer.status.value)  # no long raw decimals
+    explorer.controls["fused_attention"].value = True
+    explorer.controls["recompute"].value = True
+    want = estimate_breakdowns("llama-3-8b", num_shards=(8,), micro_batch_size=64, seq_len=32768,
+                               recompute=True, fused_attention=True)
+    assert bars(explorer.figure)["activations"][0] == pytest.approx(want[0]["activations"] / 1e9)
+    assert want[0]["activations"] == 32 * 2 * 32768 * 64 * 4096 + 34 * 32768 * 64 * 4096  # inputs + one layer
+    assert explorer.status.value.startswith("N=8: ddp 970 GB (backward), ")
+    line = explorer.code_line()
+    assert "recompute=True, fused_attention=True" in line
+    again = eval(line, {"build_memory_explorer": build_memory_explorer})
+    assert stacked_totals(again.figure) == pytest.approx(stacked_totals(explorer.figure))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from workbench.core.units import format_count, format_params
+from workbench.core.units import format_count, format_number, format_params
 from workbench.estimate.breakdown import COMPONENTS, PHASES, MemoryEstimate
 from workbench.estimate.cases import (  # noqa: F401  (the tables: notebooks import them from here too)
     ZERO_FIGURE_1,
@@ -54,9 +54,10 @@ def peak_label(estimate: MemoryEstimate) -> str:
 
 
 def breakdown_summary(estimates: Sequence[MemoryEstimate], unit: str = "GB") -> str:
-    """The peaks at the largest N of ``estimates``, per strategy, in ``unit``, with the phase that sets each."""
+    """The peaks at the largest N of ``estimates``, per strategy, in ``unit`` for people (``format_number``:
+    "1,810,000 GB", "17.3 GB"; it read "1807076.71 GB"), with the phase that sets each."""
     scale, n = _scale(unit), max(e.num_shards for e in estimates)
-    return f"N={n}: " + ", ".join(f"{e.strategy} {e.total_bytes / scale:.2f} {unit} ({peak_label(e)})"
+    return f"N={n}: " + ", ".join(f"{e.strategy} {format_number(e.total_bytes / scale)} {unit} ({peak_label(e)})"
                                   for e in estimates if e.num_shards == n)
 
 
