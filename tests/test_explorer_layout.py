@@ -266,18 +266,21 @@ def test_pin_keeps_a_frozen_view_beside_the_live_one(which):
         copy = explorer.pinned[name]
         assert copy is not fw and row_of(explorer, fw) is row_of(explorer, copy)  # side by side, one row
         assert fw.layout.width == copy.layout.width < full[name]  # each takes half the width
+    status = explorer.status.value
     for control, value in changes:
         explorer.controls[control].value = value
+    explorer.probe.width = 1208  # the notebook's width, reported by the browser: both halves follow it
     for name, fw in explorer.figures.items():
+        assert fw.layout.width == explorer.pinned[name].layout.width == (1200 - 8) // 2, name
         assert drawn(explorer.pinned[name]) == before[name], name  # frozen
         assert drawn(fw) != before[name], name  # live
     label = html.unescape(explorer.pinned_label.value)
     assert all(part in label for part in pinned_state) and explorer.pinned_code in label, label
-    assert "qwen3-4b" not in label and explorer.pinned_code.startswith("build_")
+    assert status in explorer.pinned_label.value and "qwen3-4b" not in label and explorer.pinned_code.startswith("build_")
     explorer.pin_button.click()  # unpin
     assert not explorer.pinned and explorer.pinned_code is None and explorer.pinned_label.value == ""
     assert all(any(c is fw for c in explorer.children) for fw in explorer.figures.values())
-    assert {name: fw.layout.width for name, fw in explorer.figures.items()} == full
+    assert {name: fw.layout.width for name, fw in explorer.figures.items()} == {name: 1200 for name in full}
 
 
 def test_export_never_overwrites_another_views_files(tmp_path):

@@ -86,7 +86,7 @@ class ExplorerTools:
     Attributes:
         pinned: ``{name: FigureWidget}``: the frozen copies beside the live figures; empty when nothing is pinned.
         pinned_code: The call that reproduces the pinned view, or ``None``.
-        pinned_label: HTML naming the pinned view (its call), empty when nothing is pinned.
+        pinned_label: HTML naming the pinned view (its call and its status line), empty when nothing is pinned.
         export_folder: A text field: the folder the export button writes to.
         export_note: HTML: the files the last export wrote, or why it could not.
     """
@@ -104,6 +104,7 @@ class ExplorerTools:
                                          tooltip="Keep a frozen copy of these figures beside the live ones")
         self.export_button.on_click(lambda _: self._export_clicked())
         self.pin_button.on_click(lambda _: self.unpin() if self.pinned else self.pin())
+        self.probe.observe(self._resize_pinned, names="width")
         return wrapping_row([self.export_folder, self.export_button, self.pin_button, self.export_note],
                             align_items="center")
 
@@ -113,6 +114,10 @@ class ExplorerTools:
         width = self.probe.figure_width(default)
         return max((width - PAIR_GAP_PX) // 2, self.probe.MIN_PX) if self.pinned else width
 
+    def _resize_pinned(self, change=None) -> None:
+        for name, fw in self.pinned.items():  # the live side follows in the explorer's own update
+            fw.layout.width = self.figure_width(self.figures[name].layout.width or self.probe.MIN_PX)
+
     def pin(self) -> None:
         """Freeze a copy of the current figures beside the live ones (a pinned view is replaced); controls then
         change only the live side."""
@@ -121,7 +126,8 @@ class ExplorerTools:
         self.pinned_code = self.code_line()
         self.pinned = {name: go.FigureWidget(fw.to_dict()) for name, fw in self.figures.items()}
         self.pinned_label.value = ("<b>pinned</b> (right, or below when narrow): "
-                                   f"<code style='user-select:all'>{html.escape(self.pinned_code)}</code>")
+                                   f"<code style='user-select:all'>{html.escape(self.pinned_code)}</code><br>"
+                                   f"<span style='color:#555'>pinned: {self.status.value}</span>")
         self._pairs = {name: wrapping_row([fw, self.pinned[name]], grid_gap=f"{PAIR_GAP_PX}px")
                        for name, fw in self.figures.items()}
         live = {id(fw): name for name, fw in self.figures.items()}
