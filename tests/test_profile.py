@@ -2,13 +2,14 @@
 corrupt one is named and kept), and the run estimate made from it."""
 
 import json
+import time
 
 import pytest
 
 from workbench.estimate.profile_fit import fit_from_dict, fit_linear
 from workbench.launch.plan import thread_env
 from workbench.launch.profile import default_micro_batch_sizes, merge_co_runners, profile_model
-from workbench.ranks.profile_probe import wait_for_peers
+from workbench.ranks.profile_probe import busy_until_peers_done, wait_for_peers
 from workbench.runs.estimate import estimate_run_memory
 from workbench.runs.profile import (
     PROFILE_VERSION,
@@ -251,3 +252,14 @@ def test_profiling_processes_start_measuring_together_and_a_missing_peer_is_name
     assert (tmp_path / "ready-0").is_file()
     with pytest.raises(TimeoutError, match=r"peers \[2\] of 3 not ready"):
         wait_for_peers(tmp_path, 0, 3, timeout_s=0.05)
+
+
+def test_a_profiling_process_done_first_keeps_the_cores_busy_until_its_peers_are_done(tmp_path):
+    busy_until_peers_done(None, 0, 1)  # alone: returns at once
+    (tmp_path / "done-1").write_text("done")
+    t0 = time.monotonic()
+    busy_until_peers_done(tmp_path, 0, 2, timeout_s=30)  # the other is done: returns at once
+    assert (tmp_path / "done-0").is_file() and time.monotonic() - t0 < 10
+    t0 = time.monotonic()
+    busy_until_peers_done(tmp_path, 0, 3, timeout_s=0.2)  # peer 2 never finishes: bounded by the timeout
+    assert 0.2 <= time.monotonic() - t0 < 10

@@ -3,8 +3,8 @@
 ``python -m workbench.ranks.profile_mlx`` and ``... profile_jax`` (started by
 :func:`workbench.launch.profile.profile_model`) read the run's spec from a JSON file, measure the model
 at each micro-batch size, and write one JSON object. Where several profile at once (a run's ranks per host),
-each is told its peers (``--peers``, ``--peer-index``, ``--peer-dir``) and they start measuring together
-(:func:`wait_for_peers`). The process's resident memory is read from
+each is told its peers (``--peers``, ``--peer-index``, ``--peer-dir``): they start measuring together
+(:func:`wait_for_peers`), and one done keeps its core busy until all are (:func:`busy_until_peers_done`). The process's resident memory is read from
 ``/proc/self/status`` (``VmRSS``, ``VmHWM``), and its high-water mark reset by writing ``5`` to
 ``/proc/self/clear_refs`` (Linux 4.0+); :func:`release_free_memory` first hands the allocator's free pages
 back (glibc's ``malloc_trim``) and :func:`map_large_allocations` makes every large buffer pages of its own,
@@ -178,6 +178,21 @@ def wait_for_peers(peer_dir: str | None, index: int, peers: int, timeout_s: floa
         time.sleep(0.01)
 
 
+def busy_until_peers_done(peer_dir: str | None, index: int, peers: int, timeout_s: float = PEER_WAIT_S) -> None:
+    """Mark this process done measuring (``<peer_dir>/done-<index>``) and keep one core busy (a 256 x 256 float32
+    matrix product on this process's BLAS threads, again and again) until all ``peers`` are, or ``timeout_s``
+    passes: a peer measuring last still shares the cores with the others, as the ranks of a run do."""
+    if peers <= 1:
+        return
+    folder = os.fspath(peer_dir)
+    write_atomic(os.path.join(folder, f"done-{index}"), "done")
+    a = np.ones((256, 256), np.float32)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(folder, f"done-{i}")) for i in range(peers)):
+        a = (a @ a) * (1.0 / 256)
+
+
 def write_result(path: str, result: dict) -> None:
     write_atomic(path, json.dumps(result, indent=1))
 
@@ -211,5 +226,6 @@ def profile_main(argv: list[str] | None, framework: str, measure: Callable[..., 
     exit_with_parent()
     ready = functools.partial(wait_for_peers, args.peer_dir, args.peer_index, args.peers)
     write_result(args.out, measure(load_spec(args.spec), args.sizes, args.repeats, ready=ready))
+    busy_until_peers_done(args.peer_dir, args.peer_index, args.peers)
     return 0
 
