@@ -35,6 +35,7 @@ def test_export_button_saves_the_view_with_the_call_that_re_creates_it(tmp_path)
         assert title in svg.read_text(), (figure, title)
     assert not list((tmp_path / "deck").glob(".*"))  # no temporary file left behind
     text = md.read_text()
+    assert "It showed: N=16: ddp " in text  # the status line, as text
     assert explorer.pinned_code in text and "build_memory_explorer('gpt2'" in explorer.pinned_code
     (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)[:1]
     scope: dict = {}

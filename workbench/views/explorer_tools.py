@@ -29,6 +29,8 @@ from workbench.views.widget_sync import wrapping_row
 EXPORT_FORMATS = ("svg", "png")
 #: Folder the export button writes to, relative to the notebook's working directory, until the reader picks one.
 DEFAULT_EXPORT_FOLDER = "explorer-exports"
+#: Where an export's markdown turns from the view (its calls) to what it showed (the status line).
+SHOWED = "\nIt showed: "
 #: Pixels between a live figure and its pinned copy (CSS gap, which a flex row honours).
 PAIR_GAP_PX = 8
 
@@ -168,19 +170,21 @@ class ExplorerTools:
         paths = [folder / f"{stem}-{name.replace('_', '-')}.{fmt}" for name in figures for fmt in EXPORT_FORMATS]
         text = self.export_markdown(stem, code, [p.name for p in paths])
         md = folder / f"{stem}.md"
-        if md.exists() and md.read_text(encoding="utf-8") != text:
+        # The view is what precedes its status line (a status can change on one view: a late 'Not drawn' notice).
+        if md.exists() and md.read_text(encoding="utf-8").partition(SHOWED)[0] != text.partition(SHOWED)[0]:
             raise FileExistsError(f"{md} holds another view; export to another folder or remove it.")
         written = write_images([fig for fig in figures.values() for _ in EXPORT_FORMATS], paths)
         return [*written, write_atomic(md, text)]
 
     def export_markdown(self, stem: str, code: str, files: Sequence[str]) -> str:
-        """The markdown an export writes beside its images: the call that reproduces the view, the files, and the
-        pinned view's call when one is pinned."""
+        """The markdown an export writes beside its images: the call that reproduces the view, its status line as
+        text, the files, and the pinned view's call when one is pinned."""
         given = "" if not re.search(r"\((spec|model),", code) else (
             "\n`spec` / `model` is the ModelSpec or config you passed to the explorer.\n")
         pinned = f"\nPinned beside it:\n\n```python\n{self.pinned_code}\n```\n" if self.pinned_code else ""
+        status = html.unescape(re.sub(r"<br>", " ", re.sub(r"<(?!br>)[^>]+>", "", self.status.value)))
         return (f"# {stem}\n\nReproduce this view:\n\n```python\n{self.CODE_IMPORTS}\nexplorer = {code}\n"
-                f"explorer\n```\n{given}{pinned}\nFiles:\n\n" + "".join(f"- {name}\n" for name in files))
+                f"explorer\n```\n{given}{pinned}{SHOWED}{status}\n\nFiles:\n\n" + "".join(f"- {name}\n" for name in files))
 
     def _export_clicked(self) -> None:
         try:
