@@ -293,3 +293,20 @@ def test_the_step_time_table_a_slide_shows_has_worded_headers_with_units():
                                    "FSDP bf16 (ms)", "FSDP over DDP, fp32 (%)", "FSDP over DDP, bf16 (%)"]
     assert shown.index.name == "parameters" and list(shown.index) == ["0.3B", "2.7B", "5.4B"]
     assert (shown.to_numpy() == design_review.step_time_table().to_numpy()).all()
+
+
+def test_a_decks_figure_text_is_sized_for_a_slide_and_its_legend_kept_clear_of_the_axis_title():
+    """Issue 29 item 11: a notebook's 12 px figure text showed at about 8 px in a 1024 px window, beside 42 px
+    headings. The deck draws it at DECK_FONT_PX of its 1280 px slide; explicit sizes scale alike, margins grow,
+    and a legend under the plot moves to the figure's bottom edge, below the larger axis title."""
+    from workbench.publish.reveal import DECK_FONT_PX, deck_fonts
+
+    fig = {"data": [], "layout": {"title": {"text": "t", "font": {"size": 12}}, "margin": {"t": 80, "b": 60},
+                                  "annotations": [{"text": "a", "font": {"size": 12}}, {"text": "b"}],
+                                  "legend": {"orientation": "h", "y": -0.18, "yanchor": "top"}}}
+    out = deck_fonts(fig)["layout"]
+    assert out["font"]["size"] == DECK_FONT_PX > 12 and out["title"]["font"]["size"] == DECK_FONT_PX
+    assert out["annotations"][0]["font"]["size"] == DECK_FONT_PX and "font" not in out["annotations"][1]
+    assert out["margin"]["t"] > 80 and out["margin"]["b"] >= 120
+    assert (out["legend"]["yref"], out["legend"]["y"], out["legend"]["yanchor"]) == ("container", 0, "bottom")
+    assert fig["layout"]["legend"]["y"] == -0.18  # the notebook's figure is left as it was

@@ -43,16 +43,50 @@ def _figure_html(fig_dict: Mapping, div_id: str) -> str:
                        include_mathjax=False, full_html=False, default_width="100%", validate=False, div_id=div_id)
 
 
+#: A deck's figure text, in px of its 1280 px slide: a notebook's 12 px tick labels showed at about 8 px in a
+#: 1024 px window, beside 42 px headings (issue 29, item 11).
+DECK_FONT_PX = 14
+
+
+def deck_fonts(fig: dict, base_px: int = DECK_FONT_PX) -> dict:
+    """The figure with its text scaled for a slide: the base font at ``base_px`` and every explicit font size (the
+    title's, annotations', the legend's) by the same factor over plotly's 12 px default."""
+    factor = base_px / 12
+    layout = dict(fig.get("layout", {}))
+    scale = lambda font: {**font, "size": round(font["size"] * factor, 1)} if font.get("size") else font  # noqa: E731
+    layout["font"] = {**layout.get("font", {}), "size": max(base_px, layout.get("font", {}).get("size") or 0)}
+    if isinstance(layout.get("title"), dict) and "font" in layout["title"]:
+        layout["title"] = {**layout["title"], "font": scale(layout["title"]["font"])}
+    legend = dict(layout.get("legend", {}))
+    if "font" in legend:
+        legend["font"] = scale(legend["font"])
+    below = (legend.get("y") or 0) < 0 and legend.get("yref", "paper") == "paper"
+    if below:  # under the axis title, which grew: at the figure's bottom edge, in a margin that holds both
+        legend.update(yref="container", y=0, yanchor="bottom")
+    if legend:
+        layout["legend"] = legend
+    if layout.get("annotations"):
+        layout["annotations"] = [{**a, "font": scale(a["font"])} if "font" in a else a for a in layout["annotations"]]
+    # the title's lines above and the axis title and legend below grow with the text: so do their margins
+    margin = layout.get("margin", {})
+    layout["margin"] = {**margin, **{side: round((margin.get(side) or default) * factor)
+                                     for side, default in (("t", 100), ("b", 80))}}
+    if below:
+        layout["margin"]["b"] = max(layout["margin"]["b"], 120)
+    return {**fig, "layout": layout}
+
+
 def figures_to_html(nb) -> list[tuple[int, dict]]:
     """Give every plotly output (its JSON mimetype) an HTML div that only calls ``Plotly.newPlot``
-    (the deck's head has plotly.js), in place of any HTML it had; returns ``[(cell index, figure dict)]``."""
+    (the deck's head has plotly.js), in place of any HTML it had, its text sized for a slide
+    (:func:`deck_fonts`); returns ``[(cell index, figure dict)]``."""
     figures = []
     for ci, cell in enumerate(nb.cells):
         for oi, out in enumerate(cell.get("outputs", [])):
             fig = out.get("data", {}).get(PLOTLY_MIME)
             if fig is None:
                 continue
-            fig = dict(fig)
+            fig = deck_fonts(dict(fig))
             out["data"] = {PLOTLY_MIME: fig, "text/html": _figure_html(fig, f"figure-{ci}-{oi}")}
             figures.append((ci, fig))
     return figures
