@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.core.units import format_number
+from workbench.strategies import get_strategy
 from workbench.studies.design_review import key_numbers, step_time_table
 from workbench.studies.runs import is_ddp
 from workbench.studies.step_time import steady_median, steady_quartiles
@@ -83,9 +84,11 @@ def row_flat_sentences(table: pd.DataFrame) -> list[str]:
     out = []
     for fw in table.index.get_level_values("framework").unique():
         t = table.loc[fw]
-        if not {"fsdp-row", "fsdp-flat"} <= set(t.index):
+        records = {s: get_strategy(s) for s in t.index}
+        by_layout = {r.layout: s for s, r in records.items() if r.units == "buckets" and r.layout}  # ZeRO-1/2-like
+        if not {"row", "flat"} <= set(by_layout):
             continue
-        row, flat = t.loc["fsdp-row"], t.loc["fsdp-flat"]
+        row, flat = t.loc[by_layout["row"]], t.loc[by_layout["flat"]]
         spread = max(row.p75_ms - row.p25_ms, flat.p75_ms - flat.p25_ms)
         apart = abs(flat.median_ms - row.median_ms) > spread
         out.append(f"{fw}: flat's median step is {flat.median_ms / row.median_ms:.2f}x row's ({flat.median_ms:.3g} "

@@ -16,7 +16,8 @@ from workbench.strategies import get_strategy
 from workbench.studies.planner.candidates import Candidate
 
 #: A term's name in a reason.
-TERM_WORDS = {"compute": "compute", "update": "update", "collectives": "collectives", "per_bucket": "per-bucket cost"}
+TERM_WORDS = {"compute": "compute", "update": "update", "collectives": "collectives", "per_bucket": "per-bucket cost",
+              "overhead": "step overhead"}
 
 
 def _ms(seconds: float) -> str:

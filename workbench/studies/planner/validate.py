@@ -101,7 +101,7 @@ def off_terms(c: Candidate, step_s: float | None, sync_s: float | None, peak: in
     if step_s is not None and abs(step_s / c.predicted_step_s - 1) > TARGET:
         if sync_s is not None:
             comm = p.comm_s + p.per_bucket_s
-            local = p.compute_s + p.update_s
+            local = p.compute_s + p.update_s + p.overhead_s
             rest = step_s - sync_s
             if comm and abs(sync_s / comm - 1) > TARGET:
                 word = "underpriced" if sync_s > comm else "overpriced"
