@@ -17,7 +17,7 @@ Each record holds the memory its ranks measured. Regenerate them after a change 
 Runs compared side by side (step times above all) should be made together: ``--framework`` redoes every run
 of that framework in the named stores and keeps the others' records as they are.
 
-The stores are kept small (about 300 KB together), JSON only.
+The stores are kept small (about 600 KB together, 400 KB at most each, tested), JSON only.
 """
 
 from __future__ import annotations
@@ -76,12 +76,18 @@ def drop_scratch(store: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stores", nargs="*", default=[*REFERENCE_STORES, "comm-size"],
-                        choices=[*REFERENCE_STORES, "comm-size"], help="store names (default: all)")
+    # checked here, not by argparse's choices: with nargs="*" it checks the (list) default as one value and
+    # refused the bare command the docstring gives ("invalid choice: ['convergence', 'memory', 'comm-size']")
+    known = [*REFERENCE_STORES, "comm-size"]
+    parser.add_argument("stores", nargs="*", help=f"store names, of {', '.join(known)} (default: all)")
     parser.add_argument("--keep", action="store_true", help="keep runs already stored (default: start afresh)")
     parser.add_argument("--framework", choices=("mlx", "jax"),
                         help="make only this framework's runs of the stores; the other framework's stay as stored")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.stores if name not in known]
+    if unknown:
+        parser.error(f"unknown store(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    args.stores = args.stores or known
     failed = []
     if "comm-size" in args.stores:
         failed += make_sweep(args.keep)

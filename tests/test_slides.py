@@ -187,7 +187,8 @@ def test_reference_runs_are_small_complete_and_made_with_the_declared_spec(name)
     store = design_review.reference_runs_dir(name)
     loaded = load_runs(store)
     pairs, common = design_review.REFERENCE_STORES[name]
-    assert sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) < 300 * 1024
+    # 7 runs x 100 steps x 2 ranks of step rows (with their attempt and collective count): about 320 KiB
+    assert sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) < 400 * 1024
     assert loaded.problems == [] and (loaded.runs.status == "done").all()
     assert sorted(zip(loaded.runs["spec.framework"], loaded.runs["spec.strategy"])) == sorted(pairs)
     for key, value in common.items():
