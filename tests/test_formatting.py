@@ -172,3 +172,15 @@ def test_the_run_tables_of_notebooks_04_and_05_read_as_people_read_them_through_
         assert not RAW.search(table.to_string()), table.to_string()
     assert {"median step (ms)", "peak rss (MiB)", "peak array (MiB)"} <= set(shown.columns)
     assert (shown["peak array (MiB)"] == MISSING).any() and "3,418,368" in readable_table(sweep, columns=["num_params"]).to_string()
+
+
+def test_a_multi_level_index_keeps_its_levels_and_a_rate_is_not_a_time():
+    """Notebook 05's links read "('jax', 'all_gather')" and a bandwidth "beta gb per: 999 ms"."""
+    from workbench.views.tables import readable_table
+
+    t = pd.DataFrame({"framework": ["jax", "mlx"], "kind": ["all_gather", "all_reduce"], "alpha_us": [145.9, 17.3],
+                      "beta_gb_per_s": [0.999, 1.66], "step_s": [0.5, 2.0]}).set_index(["framework", "kind"])
+    shown = readable_table(t)
+    assert list(shown.index.names) == ["framework", "kind"] and shown.index[0] == ("jax", "all_gather")
+    assert list(shown.columns) == ["alpha (µs)", "beta (GB/s)", "step"]
+    assert list(shown["beta (GB/s)"]) == ["0.999", "1.660"] and list(shown["step"]) == ["500 ms", "2.00 s"]

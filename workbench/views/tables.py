@@ -61,13 +61,16 @@ def readable_table(table: "pd.DataFrame", *, columns: Sequence[str] | None = Non
     def column(c) -> list[str]:
         if str(c).endswith("_bytes"):
             return format_column([v / BYTE_UNITS[unit] if _is_size(v) else v for v in table[c]])
-        if str(c).endswith("_s"):
+        if str(c).endswith("_s") and not str(c).endswith("_per_s"):  # a time; "_per_s" is a rate
             return [format_seconds(v) for v in table[c]]
         return format_column(list(table[c]))
 
-    out = pd.DataFrame({_header(c, unit): column(c) for c in columns},
-                       index=pd.Index(format_column(list(table.index)), name=table.index.name))
-    return out
+    if isinstance(table.index, pd.MultiIndex):  # each level formatted on its own, the levels kept
+        index = pd.MultiIndex.from_arrays([format_column(list(table.index.get_level_values(k)))
+                                           for k in range(table.index.nlevels)], names=table.index.names)
+    else:
+        index = pd.Index(format_column(list(table.index)), name=table.index.name)
+    return pd.DataFrame({_header(c, unit): column(c) for c in columns}, index=index)
 
 
 def _is_size(value) -> bool:
@@ -76,7 +79,8 @@ def _is_size(value) -> bool:
 
 def _header(column, unit: str) -> str:
     name = str(column).removeprefix("num_")
-    for suffix, label in (("_bytes", f" ({unit})"), ("_ms", " (ms)"), ("_mib", " (MiB)"), ("_s", "")):
+    for suffix, label in (("_bytes", f" ({unit})"), ("_ms", " (ms)"), ("_mib", " (MiB)"), ("_gb_per_s", " (GB/s)"),
+                          ("_us", " (µs)"), ("_s", "")):
         if name.endswith(suffix):
             name = name.removesuffix(suffix) + label
             break
