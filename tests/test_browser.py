@@ -270,12 +270,22 @@ def wait_for_kernel(page, url: str, timeout_s: float = 120, notebook: str = "01_
     raise TimeoutError(f"no idle kernel for {notebook} after {timeout_s:.0f} s")
 
 
-def bucket_counts(page) -> tuple[int, int]:
-    """(buckets in the explorer's status line, buckets in the title of its first figure, as drawn in SVG)."""
+def bucket_counts(page, timeout_s: float = 30) -> tuple[int, int]:
+    """(buckets in the explorer's status line, buckets in the title of its first figure, as drawn in SVG), once
+    both are drawn: the figure draws after its widget code loads, which under load comes after the status line
+    (the fresh-clone check once read a title not yet drawn)."""
     explorer = page.locator(".widget-vbox:has(> .widget-hbox .widget-slider label:text-is('communication_size'))")
-    status = explorer.locator(".widget-html-content").filter(has_text=" buckets, ").first.inner_text()
-    title = explorer.locator(".js-plotly-plot .gtitle").first.text_content()
-    return int(re.search(r": (\d+) buckets, ", status).group(1)), int(re.search(r": (\d+) buckets = ", title).group(1))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = explorer.locator(".widget-html-content").filter(has_text=" buckets, ").first.inner_text()
+        title = explorer.locator(".js-plotly-plot .gtitle").first.text_content() or ""
+        found = re.search(r": (\d+) buckets, ", status), re.search(r": (\d+) buckets = ", title)
+        if all(found):
+            return int(found[0].group(1)), int(found[1].group(1))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {timeout_s:.0f} s the explorer's status reads {status!r} and its first "
+                                 f"figure's title {title!r}: no bucket count in one of them")
+        page.wait_for_timeout(250)
 
 
 @pytest.fixture
