@@ -47,23 +47,26 @@ def predict_sync_s(comm: CommEstimate, links: Mapping[tuple[str, str], AlphaBeta
     return total
 
 
-def steady_median(steps: pd.DataFrame, column: str) -> float | None:
-    """Median over steps after warm-up of the slowest rank's value."""
+def steady_steps(steps: pd.DataFrame, column: str) -> pd.Series | None:
+    """The slowest rank's value per step, after warm-up (every step where a run has no more than the
+    warm-up); None where ``column`` holds no value."""
     if column not in steps or steps[column].isna().all():
         return None
     per_step = steps.groupby("step")[column].max()
-    per_step = per_step[per_step.index >= WARMUP_STEPS] if len(per_step) > WARMUP_STEPS else per_step
-    return float(per_step.median())
+    return per_step[per_step.index >= WARMUP_STEPS] if len(per_step) > WARMUP_STEPS else per_step
+
+
+def steady_median(steps: pd.DataFrame, column: str) -> float | None:
+    """Median over steps after warm-up of the slowest rank's value."""
+    per_step = steady_steps(steps, column)
+    return None if per_step is None else float(per_step.median())
 
 
 def steady_quartiles(steps: pd.DataFrame, column: str) -> tuple[float, float] | None:
     """The 25th and 75th percentiles over steps after warm-up of the slowest rank's value: the spread a
     median from :func:`steady_median` carries."""
-    if column not in steps or steps[column].isna().all():
-        return None
-    per_step = steps.groupby("step")[column].max()
-    per_step = per_step[per_step.index >= WARMUP_STEPS] if len(per_step) > WARMUP_STEPS else per_step
-    return float(per_step.quantile(0.25)), float(per_step.quantile(0.75))
+    per_step = steady_steps(steps, column)
+    return None if per_step is None else (float(per_step.quantile(0.25)), float(per_step.quantile(0.75)))
 
 
 def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = None) -> pd.DataFrame:
