@@ -13,7 +13,7 @@ from workbench.core.units import format_number
 from workbench.strategies import get_strategy
 from workbench.studies.design_review import key_numbers, step_time_table
 from workbench.studies.runs import is_ddp
-from workbench.studies.step_time import steady_median, steady_quartiles
+from workbench.studies.step_time import steady_steps
 from workbench.views.style import TEMPLATE, subplot_grid
 
 COLORS = {"ddp": "#4C78A8", "fsdp-row": "#F58518", "fsdp-flat": "#54A24B", "fsdp-full": "#B279A2"}
@@ -65,11 +65,12 @@ def row_flat_table(loaded) -> pd.DataFrame:
     rows = []
     for _, run in runs.iterrows():
         steps = loaded.steps[loaded.steps.run_id == run.run_id]
-        median, quartiles = steady_median(steps, "step_time_s"), steady_quartiles(steps, "step_time_s")
-        if median is None:
+        per_step = steady_steps(steps, "step_time_s")
+        if per_step is None:
             continue
-        rows.append({"framework": run["spec.framework"], "strategy": run["spec.strategy"], "median_ms": median * 1e3,
-                     "p25_ms": quartiles[0] * 1e3, "p75_ms": quartiles[1] * 1e3, "steps": int(steps.step.nunique())})
+        ms = per_step * 1e3
+        rows.append({"framework": run["spec.framework"], "strategy": run["spec.strategy"], "median_ms": ms.median(),
+                     "p25_ms": ms.quantile(0.25), "p75_ms": ms.quantile(0.75), "steps": int(steps.step.nunique())})
     t = pd.DataFrame(rows)
     if t.empty:
         raise ValueError("row_flat_table: the store has no done run with step times.")
