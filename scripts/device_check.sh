@@ -104,17 +104,23 @@ if device == "gpu":
 else:
     model, batch, steps = dict(vocab_size=256, seq_len=64, dim=64, num_layers=2, num_heads=4, mlp_dim=128), 4, 4
 rows, held = [], True
+frameworks = os.environ.get("FRAMEWORKS", "mlx jax").split()
+
+
+def row(*r):  # kept for the summary, and printed at once: a check stopped by BUDGET_S still shows what it got
+    rows.append(r)
+    print("device_check row:", "  ".join(str(c) for c in r), f"({time.perf_counter() - t_start:.0f} s)", flush=True)
 
 
 def mb(x):
     return "-" if x is None else f"{x / 2**20:,.1f}"
 
 
-for fw in ("mlx", "jax"):
+for fw in frameworks:
     spec = RunSpec(framework=fw, strategy="ddp", num_ranks=1, steps=steps, global_batch=batch, model=model)
     t0 = time.perf_counter()
     profile = profile_model(spec, root, refresh=True)
-    rows.append((fw, "profile", mlx_device if fw == "mlx" else "cpu", "cost", f"{profile.cost_s:.1f} s",
+    row(*(fw, "profile", mlx_device if fw == "mlx" else "cpu", "cost", f"{profile.cost_s:.1f} s",
                  f"peak rss {mb(profile.cost_peak_rss_bytes)} MiB", "", ""))
     outcome = run_training(spec, root, step_timeout_s=120.0)
     if outcome.status != "done":
@@ -129,12 +135,12 @@ for fw in ("mlx", "jax"):
     ok = abs(ratio - 1) <= 0.10
     held &= ok
     where = mlx_device if fw == "mlx" else "cpu (gloo rank)"
-    rows.append((fw, "1-rank peak", where, "MiB", mb(predicted), mb(measured), f"{ratio:.3f}",
+    row(*(fw, "1-rank peak", where, "MiB", mb(predicted), mb(measured), f"{ratio:.3f}",
                  "within 10%" if ok else "NOT within 10%"))
     steps_df = loaded.steps[loaded.steps.run_id == outcome.run_id]
     step_s = statistics.median(steps_df[steps_df.step >= 1].step_time_s)
     predicted_s = profile.compute_s_at(batch) + profile.update_s
-    rows.append((fw, "1-rank step", where, "ms", f"{predicted_s * 1e3:,.1f}", f"{step_s * 1e3:,.1f}",
+    row(*(fw, "1-rank step", where, "ms", f"{predicted_s * 1e3:,.1f}", f"{step_s * 1e3:,.1f}",
                  f"{step_s / predicted_s:.3f}", "shown"))
 
 # MLX against JAX: the same LM's step (AdamW), compiled, on the device, one process each.
@@ -187,6 +193,7 @@ def mlx_step():
 mx.reset_peak_memory()
 mlx_s = timed(mlx_step)
 mlx_peak = mx.get_peak_memory()
+row(*("mlx", "step, 1 process", mlx_device, "ms", "", f"{mlx_s * 1e3:,.1f}", "", f"peak {mb(mlx_peak)} MiB"))
 
 import jax.numpy as jnp
 import optax
@@ -218,8 +225,7 @@ jax_s = timed(jax_step)
 stats = jdev.memory_stats() or {}
 jax_peak = stats.get("peak_bytes_in_use")
 where_j = f"{jdev.platform}:{jdev.id}"
-rows.append(("mlx", "step, 1 process", mlx_device, "ms", "", f"{mlx_s * 1e3:,.1f}", "", f"peak {mb(mlx_peak)} MiB"))
-rows.append(("jax", "step, 1 process", where_j, "ms", "", f"{jax_s * 1e3:,.1f}", f"{jax_s / mlx_s:.2f} x mlx",
+row(*("jax", "step, 1 process", where_j, "ms", "", f"{jax_s * 1e3:,.1f}", f"{jax_s / mlx_s:.2f} x mlx",
              f"peak {mb(jax_peak)} MiB"))
 
 params_m = sum(int(np.prod(v.shape)) for v in params.values())
