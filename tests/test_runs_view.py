@@ -1,6 +1,7 @@
 """Run tables and figures read exactly what the store holds; the live display draws the store's steps."""
 
 import numpy as np
+import pandas as pd
 
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore
@@ -41,6 +42,33 @@ def test_summary_means_ranks_takes_slowest_rank_and_compares_to_the_ddp_twin(tmp
     assert [t.name for t in diff.data] == ["mlx fsdp-row"] and max(diff.data[0].y) < 2e-7
     bars = fig_step_time_memory(summarize_runs(loaded))
     assert sorted(bars.data[0].y) == [30.0, 30.0, 30.0]
+
+
+def test_the_summary_and_steady_steps_leave_out_the_same_warm_up_steps(tmp_path):
+    """One warm-up selection (studies.runs.after_warmup): the summary's median step and step_time's steady_steps
+    keep the same steps, the first WARMUP_STEPS left out, or all of them where a run has no more."""
+    from workbench.studies.runs import WARMUP_STEPS, after_warmup
+    from workbench.studies.step_time import steady_steps
+
+    store = RunStore(tmp_path)
+    slowest = {5: [9.0, 7.0, 0.01, 0.03, 0.02], 2: [9.0, 7.0]}  # steps of the run -> the slowest rank's times
+    ids = {}
+    for n, times in slowest.items():
+        handle = store.create(RunSpec(num_ranks=2, steps=n, global_batch=8).to_dict())
+        handle.append_steps([{"step": s, "rank": r, "loss": 1.0, "grad_norm": 1.0, "step_time_s": t / (2 - r)}
+                             for s, t in enumerate(times) for r in range(2)])
+        handle.finish({})
+        ids[n] = handle.run_id
+    loaded = load_runs(tmp_path)
+    summary = summarize_runs(loaded).set_index("run_id")
+    kept = {n: steady_steps(loaded.steps[loaded.steps.run_id == rid], "step_time_s") for n, rid in ids.items()}
+    assert WARMUP_STEPS == 2 and list(kept[5].index) == [2, 3, 4] and list(kept[2].index) == [0, 1]
+    assert list(kept[5]) == [0.01, 0.03, 0.02]  # the slowest rank's
+    for n, rid in ids.items():
+        assert summary.loc[rid, "median_step_ms"] == kept[n].median() * 1e3
+    assert summary.loc[ids[5], "median_step_ms"] == 20.0 and summary.loc[ids[2], "median_step_ms"] == 8000.0
+    frame = pd.DataFrame({"loss": [3.0, 2.0, 1.0]}, index=pd.Index([0, 1, 2], name="step"))
+    assert list(after_warmup(frame).index) == [2] and list(after_warmup(frame.loss.iloc[:2]).index) == [0, 1]
 
 
 def test_live_progress_draws_the_stored_steps(tmp_path):

@@ -18,8 +18,16 @@ from workbench.strategies import get_strategy
 from workbench.core.units import format_number
 from workbench.views.style import TEMPLATE, coincide_note, coinciding, separate_coinciding, subplot_grid
 
-#: The spec fields that tell runs apart; a run's DDP twin agrees on all the others.
+#: Steps left out of step-time medians: the first steps compile and allocate (every step is kept where a run
+#: has no more than these).
 WARMUP_STEPS = 2
+
+
+def after_warmup(per_step):
+    """The steps of ``per_step`` (a Series or DataFrame indexed by step, one run's) after
+    :data:`WARMUP_STEPS`; all of them where the run has no more than the warm-up. The one warm-up selection:
+    :func:`summarize_runs` and :func:`workbench.studies.step_time.steady_steps` both call it."""
+    return per_step[per_step.index >= WARMUP_STEPS] if len(per_step) > WARMUP_STEPS else per_step
 
 
 def loss_curves(loaded) -> pd.DataFrame:
@@ -32,6 +40,7 @@ def loss_curves(loaded) -> pd.DataFrame:
 
 
 def _twin_fields(runs: pd.DataFrame) -> list[str]:
+    """The spec fields that tell runs apart; a run's DDP twin agrees on all of them but the strategy."""
     return [c for c in runs.columns if c.startswith("spec.") and c != "spec.strategy"]
 
 
@@ -61,7 +70,7 @@ def summarize_runs(loaded) -> pd.DataFrame:
     rows = []
     for _, run in runs.iterrows():
         mine = curves[curves.run_id == run.run_id].set_index("step")
-        steady = mine[mine.index >= WARMUP_STEPS] if len(mine) > WARMUP_STEPS else mine
+        steady = after_warmup(mine)
         steps = loaded.steps[loaded.steps.run_id == run.run_id]
         twin = run.run_id if is_ddp(run["spec.strategy"]) else ddp_twin(runs, run.run_id)
         diff = None

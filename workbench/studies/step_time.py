@@ -27,7 +27,7 @@ from workbench.core.buckets import plan_buckets
 from workbench.estimate.comm import AlphaBeta, CommEstimate, bus_factor, estimate_comm, fit_alpha_beta, ring_steps
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
 from workbench.runs.store import RunStore
-from workbench.studies.runs import WARMUP_STEPS
+from workbench.studies.runs import after_warmup
 from workbench.views.style import TEMPLATE
 
 #: Run strategy -> the communication model's strategy.
@@ -48,12 +48,11 @@ def predict_sync_s(comm: CommEstimate, links: Mapping[tuple[str, str], AlphaBeta
 
 
 def steady_steps(steps: pd.DataFrame, column: str) -> pd.Series | None:
-    """The slowest rank's value per step, after warm-up (every step where a run has no more than the
-    warm-up); None where ``column`` holds no value."""
+    """The slowest rank's value per step, after warm-up (:func:`workbench.studies.runs.after_warmup`, the
+    selection :func:`~workbench.studies.runs.summarize_runs` makes too); None where ``column`` holds no value."""
     if column not in steps or steps[column].isna().all():
         return None
-    per_step = steps.groupby("step")[column].max()
-    return per_step[per_step.index >= WARMUP_STEPS] if len(per_step) > WARMUP_STEPS else per_step
+    return after_warmup(steps.groupby("step")[column].max())
 
 
 def steady_median(steps: pd.DataFrame, column: str) -> float | None:
