@@ -98,8 +98,18 @@ def test_the_findings_are_the_runs_numbers_and_say_when_frameworks_differ(tmp_pa
     assert said[0].startswith("All 4 runs draw one loss curve")
     assert "2 of 2 sharded runs equal their DDP twin exactly" in said[1]
     assert said[2] == "Final losses 1.5 nats against the data's floor of 1.200."
-    cost = cost_findings(summarize_runs(loaded))
+    summary = summarize_runs(loaded)
+    cost = cost_findings(summary)
     assert cost[0].startswith("jax: sharded steps take 1.94x DDP's 358 ms (694 ms; slowest jax fsdp-row)")
+    # framework and strategy are columns of their own: the findings read them, not the label's words
+    assert sorted(zip(summary.framework, summary.strategy)) == [("jax", "ddp"), ("jax", "fsdp-row"),
+                                                                ("mlx", "ddp"), ("mlx", "fsdp-row")]
+    names = {key: f"run {k}" for k, key in enumerate(zip(summary.framework, summary.strategy))}  # no words to parse
+    renamed = summary.assign(run=[names[key] for key in zip(summary.framework, summary.strategy)])
+    assert len(cost) == 2 and cost_findings(renamed) == [
+        c.replace(f"slowest {fw} fsdp-row", f"slowest {names[(fw, 'fsdp-row')]}") for fw, c in zip(("jax", "mlx"), cost)]
+    empty = summarize_runs(load_runs(tmp_path / "none"))
+    assert list(empty.columns[:4]) == ["run", "run_id", "framework", "strategy"] and cost_findings(empty) == []
     # JAX's curve apart from MLX's: said per framework, with the gap between their DDP runs
     store_run(store, RunSpec(framework="jax", strategy="ddp", **{**base, "data_seed": 1}), losses, step_times=(0.3, 0.3))
     tmp = tmp_path / "apart"

@@ -62,9 +62,14 @@ def ddp_twin(runs: pd.DataFrame, run_id: str) -> str | None:
     return None
 
 
+#: The columns of :func:`summarize_runs`, in order (an empty store gives them too).
+SUMMARY_COLUMNS = ("run", "run_id", "framework", "strategy", "status", "steps", "final_loss", "median_step_ms",
+                   "peak_rss_mib", "peak_array_mib", "max_abs_loss_diff_to_ddp")
+
+
 def summarize_runs(loaded) -> pd.DataFrame:
-    """One row per run: label, status, final loss, median step time, peak memory (process RSS, and
-    MLX's array peak where recorded), and max |loss - DDP's|."""
+    """One row per run: label, framework and strategy (read these, not the label's words), status, final loss,
+    median step time, peak memory (process RSS, and MLX's array peak where recorded), and max |loss - DDP's|."""
     runs, curves = loaded.runs, loss_curves(loaded)
     labels = dict(zip(runs.run_id, run_labels(runs)))  # what sets each run apart among these
     rows = []
@@ -79,7 +84,8 @@ def summarize_runs(loaded) -> pd.DataFrame:
             both = mine.loss.align(ref, join="inner")
             diff = float((both[0] - both[1]).abs().max()) if len(both[0]) else None
         rows.append({
-            "run": labels[run.run_id], "run_id": run.run_id, "status": run.status, "steps": len(mine),
+            "run": labels[run.run_id], "run_id": run.run_id, "framework": run["spec.framework"],
+            "strategy": run["spec.strategy"], "status": run.status, "steps": len(mine),
             "final_loss": float(mine.loss.iloc[-1]) if len(mine) else None,
             "median_step_ms": float(steady.step_time_s.median() * 1e3) if len(steady) else None,
             # Process peak RSS is comparable across frameworks; MLX also reports its arrays' peak.
@@ -87,7 +93,7 @@ def summarize_runs(loaded) -> pd.DataFrame:
             "peak_array_mib": _max_mib(steps, "peak_array_bytes"),
             "max_abs_loss_diff_to_ddp": diff,
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
 def _max_mib(steps: pd.DataFrame, column: str) -> float | None:
@@ -208,8 +214,8 @@ def convergence_findings(loaded, floor_nats: float | None = None) -> list[str]:
             a, b = ddp.values()
             gap = float((a - b).abs().max())
             out.append(f"The frameworks' DDP runs differ by at most {gap:.2g} nats per token at any step.")
-    diffs = runs.merge(summarize_runs(loaded), on="run_id")
-    fsdp = diffs[~diffs["spec.strategy"].map(is_ddp)].max_abs_loss_diff_to_ddp.dropna()
+    diffs = summarize_runs(loaded)
+    fsdp = diffs[~diffs.strategy.map(is_ddp)].max_abs_loss_diff_to_ddp.dropna()
     if len(fsdp):
         out.append(f"{int((fsdp == 0).sum())} of {len(fsdp)} sharded runs equal their DDP twin exactly at every step; "
                    f"the largest difference is {fsdp.max():.2g} nats.")
@@ -221,10 +227,11 @@ def convergence_findings(loaded, floor_nats: float | None = None) -> list[str]:
 
 def cost_findings(summary: pd.DataFrame) -> list[str]:
     """Per framework, the sharded runs' median step and peak RSS against DDP's, as ratios (from
-    :func:`summarize_runs`; the step times depend on the machine's load when they ran)."""
+    :func:`summarize_runs`, read by its framework and strategy columns, never out of the label's words; the step
+    times depend on the machine's load when they ran)."""
     out = []
-    for fw, rows in summary.groupby(summary.run.str.split().str[0]):
-        ddp = rows[rows.run.str.split().str[1].map(is_ddp)]
+    for fw, rows in summary.groupby("framework"):
+        ddp = rows[rows.strategy.map(is_ddp)]
         others = rows.drop(ddp.index).dropna(subset=["median_step_ms"])
         if ddp.empty or others.empty:
             continue
