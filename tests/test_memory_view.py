@@ -20,6 +20,7 @@ from workbench.views.memory import (
     fig_memory_validation,
     fig_qwen_gap,
     fig_zero_figure_1,
+    over_capacity,
     peak_label,
 )
 from workbench.views.memory_explorer import build_memory_explorer
@@ -190,6 +191,41 @@ def test_breakdown_legend_is_beside_the_plot_and_numbers_do_not_run_together():
     assert "numbers at the smallest and largest N" in fig.layout.title.text
     two = fig_memory_breakdown(estimate_breakdowns("llama-3-8b", num_shards=(8, 64, 512)))
     assert all(text for t in two.data if t.name.startswith("peak") for text in t.text)
+
+
+def test_one_capacity_line_and_one_test_of_who_is_over_it_serve_the_figure_the_explorer_and_the_deck():
+    """Issue 25: the explorer drew its own capacity line and named who does not fit; the breakdown figure and the
+    deck's memory assumptions did each again. One line (capacity_trace, through fig_memory_breakdown), one test
+    (over_capacity)."""
+    from workbench.studies.deck_findings import memory_assumptions
+    from workbench.views.memory_explorer import capacity_html, fig_memory_explorer
+
+    est = estimate_breakdowns("llama-3-8b", ["ddp", "fsdp", "zero3"], [8, 64], micro_batch_size=1, seq_len=2048)
+    over = over_capacity(est, 80e9)
+    assert [(e.strategy, e.num_shards) for e in over] == [(e.strategy, e.num_shards) for e in est if e.total_bytes > 80e9]
+    assert ("ddp", 8) in [(e.strategy, e.num_shards) for e in over] and len(over) < len(est)
+    assert over_capacity(est, math.inf) == [] and over_capacity(est, 0) == list(est)
+    fig = fig_memory_breakdown(est, capacity_bytes=80e9, capacity_label="an H100's memory")
+    line = trace(fig, "an H100's memory")
+    assert line.name == "an H100's memory 80 GB" and line.mode == "lines" and line.line.dash == "dash"
+    assert [list(level) for level in line.x] == [list(level) for level in fig.data[0].x]  # across every bar
+    assert list(line.y) == [80.0] * len(est) and not fig.layout.shapes
+    in_mib = trace(fig_memory_breakdown(est, unit="MiB", capacity_bytes=80e9), "device")
+    assert in_mib.name == f"device {format_number(80e9 / 2**20)} MiB" and in_mib.y[0] == pytest.approx(80e9 / 2**20)
+    assert not [t for t in fig_memory_breakdown(est).data if t.name.startswith("device")]  # no capacity, no line
+    explorer = fig_memory_explorer(est, 80e9, 900)  # the explorer draws the same line, as "device memory"
+    drawn = trace(explorer, "device memory")
+    same = trace(fig_memory_breakdown(est, capacity_bytes=80e9, capacity_label="device memory"), "device memory")
+    assert drawn.name == "device memory 80 GB" and drawn.to_plotly_json() == same.to_plotly_json()
+    # who does not fit: the explorer's warning (at the largest N) and the deck name exactly over_capacity's
+    warned = capacity_html(est, 1, 80e9)
+    for e in est:
+        if e.num_shards == 64:
+            assert (f"{e.strategy} needs" in warned) == (e in over_capacity(est, 80e9))
+    at_8 = [e for e in est if e.num_shards == 8]
+    said = memory_assumptions(at_8, micro_batch_size=1, seq_len=2048, capacity_bytes=80e9)
+    assert said.endswith("over it: " + ", ".join(f"{e.strategy} ({e.total_bytes / 1e9:,.1f} GB)"
+                                                  for e in over_capacity(at_8, 80e9)) + ".")
 
 
 @pytest.mark.parametrize("call, knob", [

@@ -14,6 +14,7 @@ from workbench.strategies import get_strategy
 from workbench.studies.design_review import key_numbers, step_time_table
 from workbench.studies.runs import is_ddp
 from workbench.studies.step_time import steady_steps
+from workbench.views.memory import over_capacity
 from workbench.views.style import TEMPLATE, subplot_grid
 
 COLORS = {"ddp": "#4C78A8", "fsdp-row": "#F58518", "fsdp-flat": "#54A24B", "fsdp-full": "#B279A2"}
@@ -52,7 +53,7 @@ def memory_assumptions(estimates, *, micro_batch_size: int, seq_len: int, capaci
             f"{seq_len:,} x {seq_len:,} scores kept for backward), no recompute: {gb(acts)} per rank "
             f"under every strategy, at N = {', '.join(sorted({str(e.num_shards) for e in estimates}))}.")
     if capacity_bytes is not None:
-        over = [f"{e.strategy} ({gb(e.total_bytes)})" for e in estimates if e.total_bytes > capacity_bytes]
+        over = [f"{e.strategy} ({gb(e.total_bytes)})" for e in over_capacity(estimates, capacity_bytes)]
         said += (f" Device capacity {gb(capacity_bytes)}: "
                  + (f"over it: {', '.join(over)}." if over else "every strategy fits."))
     return said

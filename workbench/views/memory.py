@@ -61,6 +61,28 @@ def breakdown_summary(estimates: Sequence[MemoryEstimate], unit: str = "GB") -> 
                                   for e in estimates if e.num_shards == n)
 
 
+def over_capacity(estimates: Sequence[MemoryEstimate], capacity_bytes: float) -> list[MemoryEstimate]:
+    """The estimates whose peak (``total_bytes``) exceeds ``capacity_bytes``, in their order: who does not fit.
+    The one test of it: the explorer's warning (:func:`~workbench.views.memory_explorer.capacity_html`) and the
+    deck's memory assumptions (:func:`~workbench.studies.deck_findings.memory_assumptions`) both ask here."""
+    return [e for e in estimates if e.total_bytes > capacity_bytes]
+
+
+#: The capacity line's colour, dash and width (:func:`capacity_trace`).
+CAPACITY_LINE = dict(color="#B00020", dash="dash", width=2)
+
+
+def capacity_trace(x: Sequence, capacity_bytes: float, *, unit: str = "GB", label: str = "device") -> dict:
+    """A device's memory as a dashed line trace across the bars at ``x`` (their multicategory x, one list per
+    level: strategies, then ``N=...``), drawn over them so that a bar above it shows where it crosses; in the
+    legend, and on hover, as ``"<label> <capacity> <unit>"`` (``"device memory 80 GB"``). The one way a capacity
+    is drawn: :func:`fig_memory_breakdown` (``capacity_bytes=``), and the memory explorer through it."""
+    value, x = capacity_bytes / _scale(unit), [list(level) for level in x]
+    name = f"{label} {format_number(value)} {unit}"
+    return dict(type="scatter", x=x, y=[value] * len(x[0]), mode="lines", name=name, line=dict(CAPACITY_LINE),
+                hovertemplate=f"{name}<extra></extra>")
+
+
 def _labelled_peaks(estimates: Sequence[MemoryEstimate]) -> dict[int, str]:
     """Which peaks get a number, and where: all with at most three N per strategy, else each strategy's
     smallest and largest N (seven N side by side ran their numbers together, "159159159")."""
@@ -94,7 +116,7 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
         title: Default: the parameter count and how to read the bars.
         height: Pixels.
         capacity_bytes: A device's memory, drawn as a dashed line across the bars and named in the legend
-            (``capacity_label``: whose memory it is).
+            (``capacity_label``: whose memory it is), by :func:`capacity_trace`.
 
     Raises:
         ValueError: on no estimates or an unknown unit.
@@ -127,10 +149,8 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
                        mode="markers", name="other transient phase<br>(never coexists with it)",
                        marker=dict(color="#333333", symbol="line-ew-open", size=18, line=dict(width=2)),
                        hovertemplate=f"%{{x}}<br>states + other phase: %{{y:.3f}} {unit}<extra></extra>"))
-    capacity_line = dict(color="#B00020", dash="dash", width=2)
-    if capacity_bytes is not None:  # the line is a shape across the plot; this trace names it in the legend
-        traces.append(dict(type="scatter", x=[x[0][:1], x[1][:1]], y=[None], mode="lines", line=capacity_line,
-                           name=f"{capacity_label}: {capacity_bytes / scale:.3g} {unit}"))
+    if capacity_bytes is not None:
+        traces.append(capacity_trace(x, capacity_bytes, unit=unit, label=capacity_label))
     psi = estimates[0].num_params
     some = "" if len(labelled) == len(estimates) else "; numbers at the smallest and largest N of each, hover for the rest"
     title = title or (f"Memory per rank at the peak, {format_params(psi)}<br><sup>solid: model states; "
@@ -139,10 +159,6 @@ def fig_memory_breakdown(estimates: Sequence[MemoryEstimate], *, unit: str = "GB
     layout = dict(barmode="stack", yaxis=dict(title=dict(text=f"{unit} per rank")), xaxis=dict(type="multicategory"),
                   legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", traceorder="normal"),
                   margin=dict(l=60, r=20, t=80, b=40))
-    if capacity_bytes is not None:
-        y = capacity_bytes / scale
-        layout["shapes"] = [dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=y, y1=y, layer="below",
-                                 line=capacity_line)]
     return figure(traces, layout, title, height)
 
 

@@ -16,7 +16,7 @@ from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, UPDATE_COPIES
 from workbench.estimate.grid import POWERS_OF_TWO, estimate_breakdowns, powers_between
 from workbench.views.explorer_tools import ExplorerTools
-from workbench.views.memory import UNITS, breakdown_summary, fig_memory_breakdown
+from workbench.views.memory import UNITS, breakdown_summary, fig_memory_breakdown, over_capacity
 from workbench.views.style import TEMPLATE
 from workbench.views.widget_sync import (WidthProbe, busy, slider_layout, sync_figure_widget, undrawn_notice,
                                         watch_drawn, wrapping_row)
@@ -64,15 +64,16 @@ def capacity_html(estimates: Sequence[MemoryEstimate], micro_batch_size: int, ca
     cap = f"{format_number(capacity_bytes / unit)} GB"
     fits = [(e.strategy, largest_micro_batch(e, micro_batch_size, capacity_bytes)) for e in estimates if e.num_shards == n]
     parts = ", ".join(f"{s} {'any' if b is None else format_number(b) if b else 'none'}" for s, b in fits)
-    over = [e for e in estimates if e.num_shards == n and e.total_bytes > capacity_bytes]
+    over = over_capacity([e for e in estimates if e.num_shards == n], capacity_bytes)
     warn = ("" if not over else "<br><span style='color:#B00020'><b>Does not fit</b> on " + cap + " at N=" + str(n) + ": " +
             "; ".join(f"{e.strategy} needs {format_number(e.total_bytes / unit)} GB per rank "
                       f"({format_number(e.total_bytes / capacity_bytes)}× the device)" for e in over) + "</span>")
     return html.escape(f"Largest micro-batch that fits {cap} at N={n}: {parts}") + warn
 
 
-#: The capacity line's trace name (and legend entry), with the device's GB.
-CAPACITY_NAME = "device memory {} GB"
+#: Whose memory the capacity line is (its legend entry: ``"device memory 80 GB"``, by
+#: :func:`~workbench.views.memory.capacity_trace`).
+CAPACITY_LABEL = "device memory"
 #: Pixels a vertical N label needs beside the next; pixels of a figure's width that are not the plot
 #: (its margins and the legend on the right).
 LABEL_PX, NOT_PLOT_PX = 11, 280
@@ -88,15 +89,17 @@ def label_step(num_bars: int, per_strategy: int, width_px: int) -> int:
 
 
 def fig_memory_explorer(estimates: Sequence[MemoryEstimate], capacity_bytes: float, width_px: int):
-    """:func:`~workbench.views.memory.fig_memory_breakdown` in GB with a dashed capacity line (a line trace,
-    :data:`CAPACITY_NAME`, in the legend where a label would sit on the bars), every N labelled on the axis (plotly skipped every other category, so the labels
-    alternated between strategy groups; :func:`label_step` at ``width_px``), and each peak number centred on its own bar, in GB with thousands
-    (they leaned onto the next bar and read "1.81e+06")."""
-    unit, per = UNITS["GB"], len(estimates) / len({e.strategy for e in estimates})
+    """:func:`~workbench.views.memory.fig_memory_breakdown` in GB with its dashed capacity line (``capacity_bytes``,
+    named :data:`CAPACITY_LABEL` in the legend, where a label would sit on the bars), every N labelled on the axis
+    (plotly skipped every other category, so the labels alternated between strategy groups; :func:`label_step` at
+    ``width_px``), and each peak number centred on its own bar, in GB with thousands (they leaned onto the next bar
+    and read "1.81e+06")."""
+    per = len(estimates) / len({e.strategy for e in estimates})
     some = "" if per <= 3 else "<br>numbers at the largest N of each strategy; hover for the rest"
     fig = fig_memory_breakdown(estimates, unit="GB", title=(
         f"Memory per rank at the peak, {format_params(estimates[0].num_params)}<br><sup>solid: model states; "
-        f"hatched: the transient phase that sets the peak (backward or step){some}</sup>"))
+        f"hatched: the transient phase that sets the peak (backward or step){some}</sup>"),
+        capacity_bytes=capacity_bytes, capacity_label=CAPACITY_LABEL)
     top = max(e.num_shards for e in estimates)
     for trace in fig.data:
         if trace.name.startswith("peak"):  # one number per bar it sits on: all, or each strategy's largest N
@@ -105,10 +108,6 @@ def fig_memory_explorer(estimates: Sequence[MemoryEstimate], capacity_bytes: flo
             trace.textposition = "top center"
     step = label_step(len(estimates), int(per), width_px)
     fig.layout.xaxis.update(tickmode="linear", tick0=0, dtick=step, tickangle=-90 if per > 3 else 0, tickfont=dict(size=10))
-    x = [list(level) for level in fig.data[0].x]
-    fig.add_scatter(x=x, y=[capacity_bytes / unit] * len(x[0]), mode="lines", name=CAPACITY_NAME.format(
-        format_number(capacity_bytes / unit)), line=dict(color="#B00020", width=2, dash="dash"),
-        hovertemplate="device memory %{y:,.0f} GB<extra></extra>")
     return fig
 
 
