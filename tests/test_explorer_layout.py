@@ -283,6 +283,20 @@ def test_pin_keeps_a_frozen_view_beside_the_live_one(which):
     assert {name: fw.layout.width for name, fw in explorer.figures.items()} == {name: 1200 for name in full}
 
 
+def test_an_explorers_images_use_the_one_chromium_finder_and_name_a_bad_override(monkeypatch, tmp_path):
+    """Issue 25: explorer exports handed kaleido $WORKBENCH_CHROMIUM unchecked (or let it search PATH); they ask
+    workbench.core.chromium.find_chromium, as the static exports do, so a bad override is named before kaleido
+    starts, and nothing is written."""
+    import plotly.graph_objects as go
+
+    from workbench.views.explorer_tools import write_images
+
+    monkeypatch.setenv("WORKBENCH_CHROMIUM", str(tmp_path / "nope"))
+    with pytest.raises(RuntimeError, match=r"Could not write a\.svg: WORKBENCH_CHROMIUM=.*nope.* is not an executable"):
+        write_images([go.Figure()], [tmp_path / "a.svg"])
+    assert [p.name for p in tmp_path.iterdir()] == []  # no image, no temporary file left
+
+
 def test_export_never_overwrites_another_views_files(tmp_path):
     """Issue 29 item 12: a file of the export's name that holds another view is kept, and the reader told;
     names come from the view (model, size, N, layout) and differ for views that differ anywhere."""

@@ -5,6 +5,7 @@ tests/test_browser.py; here the export is checked as files.
 """
 
 import json
+import os
 import re
 
 import nbformat
@@ -142,6 +143,40 @@ def test_find_chromium_names_a_bad_override(monkeypatch, tmp_path):
     monkeypatch.setenv("WORKBENCH_CHROMIUM", str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="WORKBENCH_CHROMIUM=.*nope.* is not an executable"):
         static.find_chromium()
+
+
+def test_one_chromium_finder_takes_the_override_then_path_in_order_and_hands_it_to_kaleido(monkeypatch, tmp_path):
+    """Issue 25: the explorers' image export handed kaleido $WORKBENCH_CHROMIUM or let it search PATH itself, beside
+    static.find_chromium. One finder, in workbench.core.chromium (below views and publish); static keeps the name."""
+    from workbench.core import chromium
+
+    assert static.find_chromium is chromium.find_chromium
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("google-chrome", "chromium-browser"):
+        (bin_dir / name).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.delenv("WORKBENCH_CHROMIUM", raising=False)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert chromium.find_chromium() == str(bin_dir / "chromium-browser")  # before google-chrome in CHROMIUM_NAMES
+    (bin_dir / "chromium-browser").chmod(0o644)  # not executable: passed over
+    assert chromium.find_chromium() == str(bin_dir / "google-chrome")
+    monkeypatch.setenv("WORKBENCH_CHROMIUM", str(bin_dir / "google-chrome"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert chromium.find_chromium() == str(bin_dir / "google-chrome")  # the override, whatever PATH holds
+    monkeypatch.setenv("BROWSER_PATH", "/before")
+    with chromium.chromium_for_kaleido() as found:  # kaleido's BROWSER_PATH is the finder's, for the block only
+        assert found == os.environ["BROWSER_PATH"] == str(bin_dir / "google-chrome")
+    assert os.environ["BROWSER_PATH"] == "/before"
+    monkeypatch.delenv("BROWSER_PATH")
+    with chromium.chromium_for_kaleido():
+        assert os.environ["BROWSER_PATH"] == str(bin_dir / "google-chrome")
+    assert "BROWSER_PATH" not in os.environ
+    monkeypatch.delenv("WORKBENCH_CHROMIUM")
+    with pytest.raises(FileNotFoundError, match="No Chromium found \\(tried chromium, chromium-browser, google-chrome"):
+        with chromium.chromium_for_kaleido():
+            pytest.fail("the block ran without a browser")
+    assert "BROWSER_PATH" not in os.environ
 
 
 def test_remote_loads_flags_fetching_tags_and_imports_only():

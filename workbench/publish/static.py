@@ -1,46 +1,22 @@
 """Static exports through Chromium: each figure as PNG and SVG (kaleido), and the deck as PDF (playwright);
-written atomically (:mod:`workbench.runs.atomic`, as every output of a build).
+written atomically (:mod:`workbench.runs.atomic`, as every output of a build). The browser is the one
+:func:`workbench.core.chromium.find_chromium` names (``static.find_chromium`` is that function).
 """
 
 from __future__ import annotations
 
 import html
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Mapping
 
-from workbench.publish.envvars import scoped_env
+from workbench.core.chromium import chromium_for_kaleido, find_chromium  # static.find_chromium: callers keep it
 from workbench.runs.atomic import replace_atomic, temp_beside
 
-#: Chromium executables tried in order (``WORKBENCH_CHROMIUM`` first); Debian's is ``chromium``.
 #: The deck's slide size in CSS pixels (reveal.js's width and height; the PDF's viewport).
 SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-
-
 CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
-
-
-def find_chromium() -> str:
-    """The Chromium to drive: ``$WORKBENCH_CHROMIUM``, else the first of :data:`CHROMIUM_NAMES` on PATH.
-
-    Raises:
-        FileNotFoundError: naming what was tried and how to install Debian's ``chromium``.
-    """
-    given = os.environ.get("WORKBENCH_CHROMIUM")
-    if given:
-        if not (Path(given).is_file() and os.access(given, os.X_OK)):
-            raise FileNotFoundError(f"WORKBENCH_CHROMIUM={given!r} is not an executable file.")
-        return given
-    for name in CHROMIUM_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise FileNotFoundError(f"No Chromium found (tried {', '.join(CHROMIUM_NAMES)} on PATH): install Debian's "
-                            "`apt-get install chromium`, or set WORKBENCH_CHROMIUM to a Chrome/Chromium executable.")
 
 
 def launch_chromium(playwright, **kwargs):
@@ -62,7 +38,7 @@ def write_figures(figures: list[tuple[int, dict]], folder: Path, formats: tuple[
 
     if not figures:
         return []
-    chromium = find_chromium()  # fails here with the clear message, not deep inside kaleido
+    find_chromium()  # fails here with the clear message, not deep inside kaleido
     folder.mkdir(parents=True, exist_ok=True)
     figs, paths = [], []
     for k, (_, fig) in enumerate(figures):
@@ -72,7 +48,7 @@ def write_figures(figures: list[tuple[int, dict]], folder: Path, formats: tuple[
             paths.append(folder / f"{stem}.{fmt}")
     tmps = [temp_beside(p) for p in paths]
     try:
-        with scoped_env(BROWSER_PATH=chromium):  # kaleido's browser finder (choreographer) reads it
+        with chromium_for_kaleido():
             pio.write_images(figs, tmps, width=width, height=height, scale=scale, validate=False)
         missing = [str(p) for p, t in zip(paths, tmps) if not t.is_file() or t.stat().st_size == 0]
         if missing:

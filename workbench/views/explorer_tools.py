@@ -5,23 +5,23 @@ figures beside the live ones, to compare it with a second setting (two sizes, tw
 :class:`ExplorerTools` is mixed into :class:`~workbench.views.widgets.LayoutExplorer` and
 :class:`~workbench.views.memory_explorer.MemoryExplorer`; it needs their ``figures`` (``{name: FigureWidget}``),
 ``probe`` (:class:`~workbench.views.widget_sync.WidthProbe`), ``code_line()``, ``view_parts()`` and
-``CODE_IMPORTS``. Images go through kaleido, which drives Chromium (``$WORKBENCH_CHROMIUM`` if set, else
-kaleido's own search of PATH), and every file is written atomically (:mod:`workbench.runs.atomic`).
+``CODE_IMPORTS``. Images go through kaleido, which drives the Chromium every export drives
+(:func:`workbench.core.chromium.find_chromium`), and every file is written atomically (:mod:`workbench.runs.atomic`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import html
 import os
 import re
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from workbench.core.chromium import chromium_for_kaleido
 from workbench.runs.atomic import replace_atomic, temp_beside, write_atomic
 from workbench.views.widget_sync import wrapping_row
 
@@ -43,19 +43,6 @@ def view_stem(parts: Sequence[str], code: str) -> str:
     return f"{slug[:96]}-{hashlib.sha256(code.encode()).hexdigest()[:8]}"
 
 
-@contextlib.contextmanager
-def _chromium_for_kaleido() -> Iterator[None]:
-    """``$WORKBENCH_CHROMIUM`` (the project's choice of browser) as kaleido's ``BROWSER_PATH`` for the call."""
-    given, before = os.environ.get("WORKBENCH_CHROMIUM"), os.environ.get("BROWSER_PATH")
-    if given and not before:
-        os.environ["BROWSER_PATH"] = given
-    try:
-        yield
-    finally:
-        if given and not before:
-            os.environ.pop("BROWSER_PATH", None)
-
-
 def write_images(figures: Sequence[go.Figure], paths: Sequence[Path]) -> list[Path]:
     """Each figure to its path (the format from the suffix) with kaleido, one Chromium for all, each at its own
     layout width and height, every file written beside and renamed into place (a reader never sees part of one).
@@ -68,9 +55,9 @@ def write_images(figures: Sequence[go.Figure], paths: Sequence[Path]) -> list[Pa
     tmps = [temp_beside(p) for p in paths]
     try:
         try:
-            with _chromium_for_kaleido():
+            with chromium_for_kaleido():
                 pio.write_images(list(figures), tmps, scale=2, validate=False)
-        except Exception as err:  # kaleido's own errors: no Chromium, a browser that died...
+        except Exception as err:  # no Chromium (find_chromium's message), or kaleido's: a browser that died...
             raise RuntimeError(f"Could not write {', '.join(p.name for p in paths)}: {err} (kaleido needs Chromium: "
                                "set WORKBENCH_CHROMIUM to its executable, or `apt-get install chromium`).") from err
         missing = [p.name for p, t in zip(paths, tmps) if not t.is_file() or t.stat().st_size == 0]
