@@ -1,7 +1,8 @@
 """Environment variables set for the length of a with block (a kernel's settings, kaleido's browser).
 
-Below :mod:`~workbench.publish.execute`, :mod:`~workbench.publish.static` and
-:mod:`~workbench.publish.labsave`, which all set variables for a child process and restore them.
+Below :mod:`~workbench.publish.execute` and :mod:`~workbench.publish.labsave`, which set variables for a child
+process and restore them (:mod:`~workbench.publish.static` hands kaleido its browser through
+:func:`workbench.core.chromium.chromium_for_kaleido`).
 """
 
 from __future__ import annotations
