@@ -6,6 +6,9 @@ Information Theory*, 2nd ed., Theorem 4.2.4). It is the smallest mean
 next-token cross-entropy any model can reach on this data, so a convergence
 plot can draw it as the loss floor.
 
+Above :data:`DENSE_MAX_VOCAB` tokens the chain is sparse (:class:`SparseMarkovChain`), its memory
+and build time linear in ``V``: a dense one at ``V = 32768`` took 63 s and 35 GB (152k tokens: 370 GB).
+
 Pure: standard library and NumPy only.
 """
 
@@ -23,6 +26,51 @@ UNIFORM_FLOOR = 1e-6
 #: Largest vocabulary for which the stationary distribution is taken from a dense
 #: eigendecomposition (O(V^3)); larger chains use power iteration (O(V^2) a step).
 _MAX_EIG_VOCAB = 1024
+
+#: Largest vocabulary built dense (:class:`MarkovChain`). Why 4096: the largest any stored notebook, test or
+#: preset trains on (notebook 05's full sweep; VALIDATION_MODEL: 512), so their batches and floors are
+#: unchanged; and the dense build (four V x V float64 arrays: 0.54 GB at 4096) grows as V^2 above it.
+DENSE_MAX_VOCAB = 4096
+#: Successors per token of a sparse chain (:class:`SparseMarkovChain`); its entropy rate is below log 64.
+SPARSE_SUCCESSORS = 64
+_SPARSE_MAX_ITERATIONS = 5000  # power-iteration steps for a sparse chain's stationary distribution
+
+
+def _checked_vocab(vocab_size, concentration) -> int:  # the checks both chains and make_markov_chain make
+    if int(vocab_size) < 2:
+        raise ValueError(f"vocab_size must be at least 2, got {vocab_size!r}.")
+    if not concentration > 0:
+        raise ValueError(f"concentration must be > 0, got {concentration!r}.")
+    return int(vocab_size)
+
+
+def _checked_rows(name: str, rows, shape: tuple) -> np.ndarray:
+    p = np.array(rows, dtype=np.float64)
+    if p.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} for vocab_size={shape[0]}, got {p.shape}.")
+    if not np.all(np.isfinite(p)) or p.min() < 0:
+        raise ValueError(f"{name} must hold finite, non-negative probabilities.")
+    if (row_err := float(np.abs(p.sum(axis=1) - 1.0).max())) > 1e-9:
+        raise ValueError(f"{name} rows must sum to 1 (worst row is off by {row_err:.3g}).")
+    return p
+
+
+def _freeze(chain, v: int, stationary, times_p, **arrays) -> None:
+    """Check ``stationary`` (``times_p(pi)`` is ``pi P``); set it, its CDF and ``arrays``, read-only."""
+    pi = np.array(stationary, dtype=np.float64)
+    if pi.shape != (v,):
+        raise ValueError(f"stationary must have shape ({v},), got {pi.shape}.")
+    if not np.all(np.isfinite(pi)) or pi.min() < 0:
+        raise ValueError("stationary must be finite and non-negative.")
+    if abs(pi.sum() - 1.0) > 1e-9:
+        raise ValueError(f"stationary must sum to 1, sums to {pi.sum()!r}.")
+    if (residual := float(np.abs(times_p(pi) - pi).sum())) > 1e-8:
+        raise ValueError(f"stationary is not stationary: |pi P - pi|_1 = {residual:.3g}.")
+    pi_cdf = np.append(np.cumsum(pi)[:-1], 1.0)  # the last 1.0: a uniform draw in [0, 1) lands on a token
+    for name, value in (*arrays.items(), ("stationary", pi), ("_stationary_cdf", pi_cdf)):
+        value.flags.writeable = False
+        object.__setattr__(chain, name, value)
+    object.__setattr__(chain, "vocab_size", v)
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,37 +102,75 @@ class MarkovChain:
     _stationary_cdf: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        v = int(self.vocab_size)
-        if v < 2:
-            raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size!r}.")
-        if not self.concentration > 0:
-            raise ValueError(f"concentration must be > 0, got {self.concentration!r}.")
-        p = np.array(self.transition, dtype=np.float64)
-        if p.shape != (v, v):
-            raise ValueError(f"transition must have shape ({v}, {v}) for vocab_size={v}, got {p.shape}.")
-        if not np.all(np.isfinite(p)) or p.min() < 0:
-            raise ValueError("transition must hold finite, non-negative probabilities.")
-        row_err = float(np.abs(p.sum(axis=1) - 1.0).max())
-        if row_err > 1e-9:
-            raise ValueError(f"transition rows must sum to 1 (worst row is off by {row_err:.3g}).")
-        pi = np.array(self.stationary, dtype=np.float64)
-        if pi.shape != (v,):
-            raise ValueError(f"stationary must have shape ({v},), got {pi.shape}.")
-        if not np.all(np.isfinite(pi)) or pi.min() < 0:
-            raise ValueError("stationary must be finite and non-negative.")
-        if abs(pi.sum() - 1.0) > 1e-9:
-            raise ValueError(f"stationary must sum to 1, sums to {pi.sum()!r}.")
-        residual = float(np.abs(pi @ p - pi).sum())
-        if residual > 1e-8:
-            raise ValueError(f"stationary is not stationary: |pi P - pi|_1 = {residual:.3g}.")
+        v = _checked_vocab(self.vocab_size, self.concentration)
+        p = _checked_rows("transition", self.transition, (v, v))
         cdf = np.cumsum(p, axis=1)
         cdf[:, -1] = 1.0  # so a uniform draw in [0, 1) always lands on a token
-        pi_cdf = np.cumsum(pi)
-        pi_cdf[-1] = 1.0
-        for name, value in (("transition", p), ("stationary", pi), ("_cdf", cdf), ("_stationary_cdf", pi_cdf)):
-            value.flags.writeable = False
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "vocab_size", v)
+        _freeze(self, v, self.stationary, lambda pi: pi @ p, transition=p, _cdf=cdf)
+
+
+def _sparse_step(successors: np.ndarray, probabilities: np.ndarray, pi: np.ndarray, out=None) -> np.ndarray:
+    """``pi P`` for a sparse chain, O(V k), no ``V x V`` array (fastest: intp successors, ``out`` a buffer)."""
+    weights = np.multiply(pi[:, None], probabilities, out=out).ravel()
+    return np.bincount(successors.ravel(), weights=weights, minlength=len(pi))
+
+
+@dataclass(frozen=True, eq=False)
+class SparseMarkovChain:
+    """:class:`MarkovChain` with ``k`` successors a token, ``P[i, successors[i, j]] = probabilities[i, j]``:
+    ``(V, k)`` int32 and float64 arrays for ``transition``, which raises ``ValueError`` (it is ``V x V``)."""
+
+    vocab_size: int
+    seed: int
+    concentration: float
+    successors: np.ndarray = field(repr=False)
+    probabilities: np.ndarray = field(repr=False)
+    stationary: np.ndarray = field(repr=False)
+    _stationary_cdf: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        v = _checked_vocab(self.vocab_size, self.concentration)
+        s = np.asarray(self.successors)
+        if s.ndim != 2 or len(s) != v or s.dtype.kind not in "iu" or s.min() < 0 or s.max() >= v:
+            raise ValueError(f"successors must be integers in [0, vocab_size={v}) of shape ({v}, k), got {s.dtype} "
+                             f"{s.shape} in [{s.min()}, {s.max()}].")
+        p = _checked_rows("probabilities", self.probabilities, s.shape)
+        _freeze(self, v, self.stationary, lambda pi: _sparse_step(s, p, pi), successors=s.astype(np.int32),
+                probabilities=p)
+
+    @property
+    def transition(self) -> np.ndarray:  # not built: V x V is what the sparse chain avoids
+        raise ValueError(
+            f"transition: a sparse chain (vocab_size={(v := self.vocab_size)} > DENSE_MAX_VOCAB={DENSE_MAX_VOCAB}) has "
+            f"no dense ({v}, {v}) matrix (it would take {8 * v * v / 1e9:.1f} GB); read successors and probabilities "
+            f"(P[i, successors[i, j]] = probabilities[i, j]) or transition_probability(src, dst).")
+
+    def transition_probability(self, src, dst) -> np.ndarray:
+        """``P(x_{t+1} = dst | x_t = src)``, elementwise over broadcastable token arrays (0 off the successors)."""
+        return np.where(self.successors[src] == np.asarray(dst)[..., None], self.probabilities[src], 0.0).sum(-1)
+
+
+def _sparse_chain(v: int, k: int, seed: int, concentration: float, rng: np.random.Generator) -> SparseMarkovChain:
+    # Offsets from the row's token: 0, 1, then k - 2 in [2, v), uniform, a repeat in a row redrawn till none.
+    offsets = np.concatenate([np.zeros((v, 1), np.int64), np.ones((v, 1), np.int64), rng.integers(2, v, (v, k - 2))], 1)
+    offsets.sort(axis=1)
+    while (repeat := np.pad(offsets[:, 1:] == offsets[:, :-1], ((0, 0), (1, 0)))).any():
+        offsets[repeat] = rng.integers(2, v, size=int(repeat.sum()))
+        offsets.sort(axis=1)
+    offsets += np.arange(v, dtype=np.int64)[:, None]
+    successors = np.remainder(offsets, v, out=offsets)  # intp, for bincount's power iteration
+    p = (1.0 - UNIFORM_FLOOR) * rng.dirichlet(np.full(k, concentration), size=v) + UNIFORM_FLOOR / k  # every P > 0
+    p /= p.sum(axis=1, keepdims=True)
+    pi, buffer = np.full(v, 1.0 / v), np.empty_like(p)
+    for _ in range(_SPARSE_MAX_ITERATIONS):  # power iteration: O(v k) a step
+        nxt = (x := _sparse_step(successors, p, pi, buffer)) / x.sum()
+        change, pi = float(np.abs(nxt - pi).sum()), nxt
+        if change < 1e-13:
+            del buffer  # before the chain's checks copy the arrays: the build's peak
+            return SparseMarkovChain(v, seed, concentration, successors, p, pi)
+    raise ValueError(
+        f"vocab_size={v}, concentration={concentration!r}: the sparse chain's stationary distribution did not "
+        f"converge in {_SPARSE_MAX_ITERATIONS} power-iteration steps (last change {change:.3g}): raise concentration.")
 
 
 def _stationary(p: np.ndarray) -> np.ndarray:
@@ -108,11 +194,16 @@ def _stationary(p: np.ndarray) -> np.ndarray:
     return pi / pi.sum()
 
 
-def make_markov_chain(vocab_size: int, *, seed: int = 0, concentration: float = 0.1) -> MarkovChain:
+def make_markov_chain(vocab_size: int, *, seed: int = 0,
+                      concentration: float = 0.1) -> MarkovChain | SparseMarkovChain:
     """Draw a random Markov chain: each row ``~ Dirichlet(concentration * ones(V))``.
 
     Every row is mixed with the uniform distribution at weight
     :data:`UNIFORM_FLOOR` (1e-6), so the chain is ergodic.
+
+    Above :data:`DENSE_MAX_VOCAB`, sparse: row ``i`` has ``k = 64`` entries ``~ Dirichlet(concentration *
+    ones(k))`` with the floor, on ``i`` (aperiodic), ``(i + 1) mod V`` (the cycle ``i -> i + 1``: irreducible)
+    and 62 distinct tokens drawn uniformly; 79 MB at its peak at ``V = 32768`` (dense: 35 GB).
 
     Args:
         vocab_size: Number of tokens ``V`` (at least 2).
@@ -123,21 +214,20 @@ def make_markov_chain(vocab_size: int, *, seed: int = 0, concentration: float = 
         The chain, with its stationary distribution.
 
     Raises:
-        ValueError: if ``vocab_size`` < 2 or ``concentration`` <= 0.
+        ValueError: if ``vocab_size`` < 2 or ``concentration`` <= 0, or a sparse chain's stationary
+            distribution does not converge (concentration too small), naming both.
     """
-    if int(vocab_size) < 2:
-        raise ValueError(f"vocab_size must be at least 2, got {vocab_size!r}.")
-    if not concentration > 0:
-        raise ValueError(f"concentration must be > 0, got {concentration!r}.")
-    v = int(vocab_size)
+    v = _checked_vocab(vocab_size, concentration)
     rng = np.random.default_rng(seed)
+    if v > DENSE_MAX_VOCAB:
+        return _sparse_chain(v, SPARSE_SUCCESSORS, seed, float(concentration), rng)
     rows = rng.dirichlet(np.full(v, float(concentration)), size=v)
     p = (1.0 - UNIFORM_FLOOR) * rows + UNIFORM_FLOOR / v
     p /= p.sum(axis=1, keepdims=True)
     return MarkovChain(v, seed, float(concentration), p, _stationary(p))
 
 
-def entropy_rate_nats(chain: MarkovChain) -> float:
+def entropy_rate_nats(chain: MarkovChain | SparseMarkovChain) -> float:
     """Entropy rate ``-sum_i pi_i sum_j P_ij log P_ij`` of the chain, in nats per token.
 
     This is the minimum achievable mean next-token cross-entropy for a model that
@@ -152,12 +242,13 @@ def entropy_rate_nats(chain: MarkovChain) -> float:
     Returns:
         Entropy rate in nats (divide by ``log 2`` for bits).
     """
-    p = chain.transition
+    p = chain.probabilities if isinstance(chain, SparseMarkovChain) else chain.transition
     plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
     return float(-(chain.stationary * plogp.sum(axis=1)).sum())
 
 
-def sample_batch(chain: MarkovChain, step: int, global_batch: int, seq_len: int, *, seed: int = 0) -> np.ndarray:
+def sample_batch(chain: MarkovChain | SparseMarkovChain, step: int, global_batch: int, seq_len: int, *,
+                 seed: int = 0) -> np.ndarray:
     """Sample one global batch of token sequences from the chain.
 
     Deterministic in ``(chain, step, seed)``: the generator is
@@ -189,7 +280,11 @@ def sample_batch(chain: MarkovChain, step: int, global_batch: int, seq_len: int,
     out[:, 0] = tokens
     for t in range(1, int(seq_len) + 1):
         # Inverse CDF per row: the first token whose cumulative probability exceeds u.
-        tokens = (chain._cdf[tokens] <= uniforms[t][:, None]).sum(axis=1)
+        if isinstance(chain, MarkovChain):
+            tokens = (chain._cdf[tokens] <= uniforms[t][:, None]).sum(axis=1)
+        else:  # the same over the row's successors (the last if rounding leaves u above all), this step's rows
+            j = (np.cumsum(chain.probabilities[tokens], axis=1) <= uniforms[t][:, None]).sum(axis=1)
+            tokens = chain.successors[tokens, np.minimum(j, chain.successors.shape[1] - 1)]
         out[:, t] = tokens
     return out
 
