@@ -28,5 +28,8 @@ need sshd openssh-server "multi-host rig"
 # Slurm and munge: the rig's own Slurm cluster (scripts/hosts_rig up --slurm) for ipyparallel's Slurm launcher.
 need slurmctld "slurm-wlm munge" "Slurm"
 python3 -m pip install -q -c constraints.txt -e ".[all,test]"
-# The 25 slowest tests close every run, so a test that grows past its share is seen in CI's log.
-python3 -m pytest --durations=25 "$@"
+# Two workers (pytest-xdist; WORKBENCH_TEST_WORKERS to change): a test spends much of its time waiting on
+# ranks, engines, kernels and the browser, so one worker keeps under one of the two cores busy. Each module
+# and each notebook runs whole on one worker (tests/conftest.py: xdist groups). The 25 slowest tests close
+# every run, so a test that grows past its share is seen in CI's log.
+python3 -m pytest -n "${WORKBENCH_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"

@@ -23,11 +23,13 @@ nbval, which runs after the tests, finds it done instead of training it again.
 from __future__ import annotations
 
 import ast
+import fcntl
 import os
 import shutil
 import sys
 import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -233,11 +235,33 @@ def markers_of(path: Path, function: str) -> tuple[str, ...]:
     return MODULE_MARKERS.get(module, (PROCESS,))  # unlisted: out of the fast loop, and test_markers fails
 
 
+#: Under pytest-xdist (``scripts/test.sh``: ``-n 2 --dist loadfile``) each module, and each notebook, runs whole on
+#: one worker, in order (a notebook's cells share one kernel). Files start longest first (here: a fresh clone's
+#: seconds, 2 cores), so the longest is not the last to start; the notebooks whose sweeps take the tests' runs
+#: (:data:`NBVAL_SWEEPS`) start last, after the tests that train them. (``--dist loadgroup`` would group the
+#: rig's modules, but xdist 3.8 cannot set its groups on pytest 9's test ids; rigs are built under a global
+#: lock with their own names and subnets, so two workers' rigs coexist.)
+FIRST_FILES = ("notebooks/06_gradient_accumulation.ipynb", "tests/test_browser.py", "tests/test_multihost.py",
+               "notebooks/04_convergence.ipynb", "tests/test_mlx_lm_runs.py", "notebooks/07_your_model.ipynb",
+               "tests/test_build.py", "tests/test_training.py")
+LAST_FILES = ("notebooks/03_memory_math.ipynb", "notebooks/05_step_time_and_comm_size.ipynb")
+
+
+def start_rank(path: Path) -> int:
+    """Where the file ``path`` starts in the run: :data:`FIRST_FILES` in their order, then the rest, then
+    :data:`LAST_FILES`."""
+    name = path.resolve().relative_to(TESTS.parent).as_posix() if path.resolve().is_relative_to(TESTS.parent) else ""
+    if name in FIRST_FILES:
+        return FIRST_FILES.index(name)
+    return len(FIRST_FILES) + 1 + LAST_FILES.index(name) if name in LAST_FILES else len(FIRST_FILES)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         function = getattr(item, "originalname", None) or item.name
         for marker in markers_of(Path(str(item.path)), function):
             item.add_marker(marker)
+    items[:] = sorted(items, key=lambda item: start_rank(Path(str(item.path))))  # stable: each file keeps its order
 
 
 #: Notebooks whose sweeps share the tests' runs: a run :class:`SharedRuns` trains that one of them will run under
@@ -316,7 +340,8 @@ def store_in(store: Path, run: Path) -> None:
 
 
 class SharedRuns:
-    """One run store for the session: a spec that several tests train (the same run id) is trained once."""
+    """One run store for the session: a spec that several tests train (the same run id) is trained once, also
+    across pytest-xdist's workers, which share ``root`` and take turns on a run by an ``flock`` on its key."""
 
     def __init__(self, root: Path):
         self.root, self.outcomes = root, {}
@@ -332,9 +357,14 @@ class SharedRuns:
 
         key = run_id_for(spec.to_dict())
         if key not in self.outcomes or self.outcomes[key].status != "done":
-            self.outcomes[key] = run_training(spec, self.root, **kwargs)
-            if self.outcomes[key].status == "done":
+            with open(self.root / f".{key}.turn", "w") as turn:
+                fcntl.flock(turn, fcntl.LOCK_EX)  # another worker training this run: wait for its outcome
+                outcome = run_training(spec, self.root, **kwargs)
+            if outcome.status == "skipped":  # another worker trained it, done
+                outcome = replace(outcome, status="done")
+            elif outcome.status == "done":
                 self.offer(self.root / key)
+            self.outcomes[key] = outcome
         outcome = self.outcomes[key]
         if outcome.status == "done":
             shutil.copytree(self.root / outcome.run_id, Path(root) / outcome.run_id, dirs_exist_ok=True,
@@ -361,6 +391,10 @@ def shared_runs(tmp_path_factory) -> SharedRuns:
     """Runs shared between test modules and with the notebooks' sweeps: test_train_jax's fsdp-row run is
     test_jax_accum's G=1 run; the memory validation's runs (test_validation) are test_fully_shard_runs' DDP run
     and notebooks 03's and 05's runs; test_collectives' benchmarks are notebook 05's (:meth:`SharedRuns.offer`)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one store for every worker: beside their own base folders
+        root = tmp_path_factory.getbasetemp().parent / "shared-runs"
+        root.mkdir(exist_ok=True)
+        return SharedRuns(root)
     return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 
@@ -397,3 +431,4 @@ def pytest_runtest_teardown(item, nextitem):
             f"{item.nodeid} starts a process ({started[0]}) but is not marked 'process': name it in "
             "tests/conftest.py's TEST_MARKERS or its module's MODULE_MARKERS")
     return result
+

@@ -88,3 +88,23 @@ def test_a_test_not_marked_process_that_starts_one_fails_naming_it(pytester, req
     assert pytester.runpytest_inprocess("-m", "not process", *QUIET).ret == 1  # the error again
     # This test's own hook heard the inner events too; none started a process.
     assert set(conf._started.pop(request.node.nodeid)) == {"subprocess.Popen: ('true', ['true'], None, None)"}
+
+
+
+def test_each_file_runs_whole_and_in_order_longest_first(request):
+    """scripts/test.sh runs ``-n 2 --dist loadfile`` over the order tests/conftest.py sets: a file's items stay
+    together and in their own order (a notebook's cells share one kernel), and the listed long files lead."""
+    from conftest import start_rank
+
+    items = request.session.items
+    files = [str(item.path) for item in items]
+    seen = []
+    for f in files:
+        if not seen or seen[-1] != f:
+            assert f not in seen, f"{f}: its items are split apart"
+            seen.append(f)
+    ranks = [start_rank(item.path) for item in items]
+    assert ranks == sorted(ranks)
+    for f in {f for f in files if f.endswith(".ipynb")}:
+        numbers = [int(i.name.split()[-1]) for i in items if str(i.path) == f and i.name.startswith("Cell ")]
+        assert numbers == sorted(numbers), f

@@ -142,5 +142,8 @@ def test_a_failed_apt_get_still_runs_the_tests(tmp_path):
     assert "the Example tests will be skipped" in proc.stdout and "reached-pytest" in proc.stdout
 
 
-def test_the_test_command_prints_the_slowest_tests():
-    assert re.search(r"^python3 -m pytest --durations=25 ", (ROOT / "scripts" / "test.sh").read_text(), re.M)
+def test_the_test_command_prints_the_slowest_tests_and_runs_each_group_whole_on_two_workers():
+    command = re.search(r"^python3 -m pytest .*$", (ROOT / "scripts" / "test.sh").read_text(), re.M).group(0)
+    assert "--durations=25 " in command
+    # --dist loadfile: each file whole on one worker, so a notebook's cells share one kernel
+    assert re.search(r' -n "\$\{WORKBENCH_TEST_WORKERS:-2\}" --dist loadfile ', command)
