@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -117,9 +118,12 @@ CRASHING_UP = textwrap.dedent("""
 """)
 
 
-def test_down_by_prefix_stops_slurm_and_munge_when_the_state_is_lost(tmp_path):
+def test_down_by_prefix_stops_slurm_and_munge_when_the_state_is_lost():
     prefix = "wbs" + secrets.token_hex(2)
-    state = tmp_path / "state"
+    # A short folder, not tmp_path: munged's socket path must stay under the kernel's 108 bytes, and pytest-xdist's
+    # worker folders (popen-gw0/) took tmp_path past it (munged refused to start and the test was skipped).
+    short = Path(tempfile.mkdtemp(prefix="wbs-", dir="/tmp"))
+    state = short / "state"
     proc = subprocess.run([sys.executable, "-c", CRASHING_UP, str(ROOT / "scripts"), str(state), prefix],
                           check=False, capture_output=True, text=True, timeout=T)
     if proc.returncode == 2:
@@ -137,6 +141,7 @@ def test_down_by_prefix_stops_slurm_and_munge_when_the_state_is_lost(tmp_path):
         _assert_no_slurm_left(slurm)
     finally:
         hosts_rig.down(prefix=prefix)
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_missing_slurm_is_a_skip_naming_the_packages(monkeypatch):
