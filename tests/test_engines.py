@@ -123,6 +123,26 @@ def test_a_timeout_and_an_interrupt_stop_every_engine():
     assert wait_dead(pids) == []
 
 
+def test_a_controller_whose_stop_fails_is_still_killed(monkeypatch):
+    """The stop of ipyparallel's cluster can fail or time out under load; the controller must not outlive the run."""
+    import psutil
+
+    run = start_engines(plan_launch(1, framework="jax"))
+    group = os.getpgid(run.cluster.controller.pid)
+    members = [p for p in psutil.process_iter(["cmdline"]) if _in_group(p, group)]
+    assert members and group != os.getpgrp()
+    monkeypatch.setattr(run.cluster, "stop_cluster_sync", lambda: (_ for _ in ()).throw(TimeoutError()), raising=False)
+    run.stop()
+    assert wait_dead([p.pid for p in members]) == []
+
+
+def _in_group(proc, group: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == group
+    except OSError:
+        return False
+
+
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
     import socket
 
