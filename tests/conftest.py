@@ -237,13 +237,14 @@ def markers_of(path: Path, function: str) -> tuple[str, ...]:
 
 #: Under pytest-xdist (``scripts/test.sh``: ``-n 2 --dist loadfile``) each module, and each notebook, runs whole on
 #: one worker, in order (a notebook's cells share one kernel). Files start longest first (here: a fresh clone's
-#: seconds, 2 cores), so the longest is not the last to start; the tests that train runs notebooks 03 and 05 take
-#: (:data:`NBVAL_SWEEPS`, :data:`NBVAL_BENCHMARKS`: test_validation, test_collectives) start early and those
-#: notebooks last, so that the other worker is not still training a run when a notebook's sweep reaches it. (``--dist loadgroup`` would group the
+#: seconds, 2 cores), so the longest is not the last to start; the modules that train through :func:`shared_runs`
+#: (whose runs and benchmarks notebooks 03 and 05 take: :data:`NBVAL_SWEEPS`, :data:`NBVAL_BENCHMARKS`) start
+#: early and those notebooks last, so that the other worker is not still training a run when a sweep reaches it. (``--dist loadgroup`` would group the
 #: rig's modules, but xdist 3.8 cannot set its groups on pytest 9's test ids; rigs are built under a global
 #: lock with their own names and subnets, so two workers' rigs coexist.)
 FIRST_FILES = ("notebooks/06_gradient_accumulation.ipynb", "tests/test_browser.py", "tests/test_validation.py",
-               "tests/test_collectives.py", "tests/test_multihost.py",
+               "tests/test_collectives.py", "tests/test_fully_shard_runs.py", "tests/test_train_jax.py",
+               "tests/test_resident_train_jax.py", "tests/test_jax_accum.py", "tests/test_multihost.py",
                "notebooks/04_convergence.ipynb", "tests/test_mlx_lm_runs.py", "notebooks/07_your_model.ipynb",
                "tests/test_build.py", "tests/test_training.py")
 LAST_FILES = ("notebooks/03_memory_math.ipynb", "notebooks/05_step_time_and_comm_size.ipynb")

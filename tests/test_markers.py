@@ -105,6 +105,12 @@ def test_each_file_runs_whole_and_in_order_longest_first(request):
             seen.append(f)
     ranks = [start_rank(item.path) for item in items]
     assert ranks == sorted(ranks)
+    # every module that trains through shared_runs starts before the notebooks that take its runs
+    from conftest import FIRST_FILES, LAST_FILES, NBVAL_SWEEPS
+
+    users = {p.relative_to(TESTS.parent).as_posix() for p in TESTS.glob("test_*.py") if "shared_runs" in p.read_text()}
+    assert users - {"tests/test_markers.py"} <= set(FIRST_FILES), sorted(users - set(FIRST_FILES))
+    assert set(LAST_FILES) == {f"notebooks/{n}.ipynb" for n in NBVAL_SWEEPS}
     for f in {f for f in files if f.endswith(".ipynb")}:
         numbers = [int(i.name.split()[-1]) for i in items if str(i.path) == f and i.name.startswith("Cell ")]
         assert numbers == sorted(numbers), f
