@@ -30,6 +30,7 @@ need slurmctld "slurm-wlm munge" "Slurm"
 python3 -m pip install -q -c constraints.txt -e ".[all,test]"
 # Two workers (pytest-xdist; WORKBENCH_TEST_WORKERS to change): a test spends much of its time waiting on
 # ranks, engines, kernels and the browser, so one worker keeps under one of the two cores busy. Each module
-# and each notebook runs whole on one worker (tests/conftest.py: xdist groups). The 25 slowest tests close
+# and each notebook runs whole on one worker, in the order tests/conftest.py sets (xdist would otherwise
+# start the files with the most tests first, and notebooks 03 and 05 before the tests whose runs they take). The 25 slowest tests close
 # every run, so a test that grows past its share is seen in CI's log.
-python3 -m pytest -n "${WORKBENCH_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+python3 -m pytest -n "${WORKBENCH_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

@@ -235,7 +235,7 @@ def markers_of(path: Path, function: str) -> tuple[str, ...]:
     return MODULE_MARKERS.get(module, (PROCESS,))  # unlisted: out of the fast loop, and test_markers fails
 
 
-#: Under pytest-xdist (``scripts/test.sh``: ``-n 2 --dist loadfile``) each module, and each notebook, runs whole on
+#: Under pytest-xdist (``scripts/test.sh``: ``-n 2 --dist loadfile --no-loadscope-reorder``, which keeps this order) each module, and each notebook, runs whole on
 #: one worker, in order (a notebook's cells share one kernel). Files start longest first (here: a fresh clone's
 #: seconds, 2 cores), so the longest is not the last to start; the modules that train through :func:`shared_runs`
 #: (whose runs and benchmarks notebooks 03 and 05 take: :data:`NBVAL_SWEEPS`, :data:`NBVAL_BENCHMARKS`) start

@@ -145,5 +145,5 @@ def test_a_failed_apt_get_still_runs_the_tests(tmp_path):
 def test_the_test_command_prints_the_slowest_tests_and_runs_each_group_whole_on_two_workers():
     command = re.search(r"^python3 -m pytest .*$", (ROOT / "scripts" / "test.sh").read_text(), re.M).group(0)
     assert "--durations=25 " in command
-    # --dist loadfile: each file whole on one worker, so a notebook's cells share one kernel
-    assert re.search(r' -n "\$\{WORKBENCH_TEST_WORKERS:-2\}" --dist loadfile ', command)
+    # --dist loadfile: each file whole on one worker, so a notebook's cells share one kernel; in conftest's order
+    assert re.search(r' -n "\$\{WORKBENCH_TEST_WORKERS:-2\}" --dist loadfile --no-loadscope-reorder ', command)
