@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from workbench.core.envvars import scoped_env
+
 #: Chromium executables tried in order on PATH (``WORKBENCH_CHROMIUM`` first); Debian's is ``chromium``.
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -41,12 +43,6 @@ def chromium_for_kaleido() -> Iterator[str]:
     """:func:`find_chromium`'s browser as kaleido's ``BROWSER_PATH`` (its browser finder, choreographer, reads
     it) for the block, then ``BROWSER_PATH`` as it was; yields the browser. Raises as :func:`find_chromium`,
     before the block runs."""
-    chromium, before = find_chromium(), os.environ.get("BROWSER_PATH")
-    os.environ["BROWSER_PATH"] = chromium
-    try:
+    chromium = find_chromium()
+    with scoped_env(BROWSER_PATH=chromium):
         yield chromium
-    finally:
-        if before is None:
-            os.environ.pop("BROWSER_PATH", None)
-        else:
-            os.environ["BROWSER_PATH"] = before

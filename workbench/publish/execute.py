@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from workbench.publish.envvars import scoped_env
+from workbench.core.envvars import scoped_env
 from workbench.runs.atomic import write_atomic
 
 

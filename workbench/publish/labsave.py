@@ -50,13 +50,11 @@ def snapshot_pngs(figures: list[dict], *, width: int = SNAPSHOT_WIDTH) -> list[s
     import kaleido
     import plotly.io as pio
 
-    from workbench.publish.envvars import scoped_env
-    from workbench.publish.static import find_chromium
+    from workbench.core.chromium import chromium_for_kaleido
 
     if not figures:
         return []
-    chromium = find_chromium()  # the clear message where there is none
-    with tempfile.TemporaryDirectory() as tmp, scoped_env(BROWSER_PATH=chromium):
+    with chromium_for_kaleido(), tempfile.TemporaryDirectory() as tmp:  # no Chromium: find_chromium's message
         paths = [Path(tmp) / f"{k}.png" for k in range(len(figures))]
         kaleido.start_sync_server(silence_warnings=True)  # one Chromium for every figure
         try:

@@ -1,8 +1,7 @@
 """Environment variables set for the length of a with block (a kernel's settings, kaleido's browser).
 
-Below :mod:`~workbench.publish.execute` and :mod:`~workbench.publish.labsave`, which set variables for a child
-process and restore them (:mod:`~workbench.publish.static` hands kaleido its browser through
-:func:`workbench.core.chromium.chromium_for_kaleido`).
+In the lowest layer: :mod:`workbench.core.chromium` hands kaleido its browser through it, and
+:mod:`workbench.publish.execute` a kernel its settings.
 """
 
 from __future__ import annotations
