@@ -260,11 +260,14 @@ def test_pin_keeps_a_frozen_view_beside_the_live_one(which):
         changes, pinned_state = (("num_shards", (4, 16)), ("model", "qwen3-4b")), ("'gpt2'", "num_shards=(2, 8)")
     full = {name: fw.layout.width for name, fw in explorer.figures.items()}
     before = {name: drawn(fw) for name, fw in explorer.figures.items()}
+    rows = {name: row_of(explorer, fw) for name, fw in explorer.figures.items()}
     explorer.pin_button.click()
     assert explorer.pin_button.description == "unpin" and set(explorer.pinned) == set(explorer.figures)
     for name, fw in explorer.figures.items():
         copy = explorer.pinned[name]
         assert copy is not fw and row_of(explorer, fw) is row_of(explorer, copy)  # side by side, one row
+        # ... the row the live figure always had: a live figure moved to a new box was drawn blank in the page
+        assert row_of(explorer, fw) is rows[name] and rows[name].children == (fw, copy)
         assert fw.layout.width == copy.layout.width < full[name]  # each takes half the width
     status = explorer.status.value
     for control, value in changes:
@@ -279,7 +282,7 @@ def test_pin_keeps_a_frozen_view_beside_the_live_one(which):
     assert status in explorer.pinned_label.value and "qwen3-4b" not in label and explorer.pinned_code.startswith("build_")
     explorer.pin_button.click()  # unpin
     assert not explorer.pinned and explorer.pinned_code is None and explorer.pinned_label.value == ""
-    assert all(any(c is fw for c in explorer.children) for fw in explorer.figures.values())
+    assert all(row_of(explorer, fw) is rows[name] and rows[name].children == (fw,) for name, fw in explorer.figures.items())
     assert {name: fw.layout.width for name, fw in explorer.figures.items()} == {name: 1200 for name in full}
 
 

@@ -107,6 +107,15 @@ class ExplorerTools:
         for name, fw in self.pinned.items():  # the live side follows in the explorer's own update
             fw.layout.width = self.figure_width(self.figures[name].layout.width or self.probe.MIN_PX)
 
+    def figure_row(self, name: str) -> widgets.HBox:
+        """The row that holds the live figure ``name`` where the explorer places it, made once: pinning adds the
+        frozen copy to this row and unpinning removes it, so the live figure's view in the page stays where it
+        is. (Moving a live figure into a new box made the page draw it again from nothing: blank, at width 0.)"""
+        rows = self.__dict__.setdefault("_rows", {})
+        if name not in rows:
+            rows[name] = wrapping_row([self.figures[name]], grid_gap=f"{PAIR_GAP_PX}px")
+        return rows[name]
+
     def pin(self) -> None:
         """Freeze a copy of the current figures beside the live ones (a pinned view is replaced); controls then
         change only the live side."""
@@ -117,20 +126,17 @@ class ExplorerTools:
         self.pinned_label.value = ("<b>pinned</b> (right, or below when narrow): "
                                    f"<code style='user-select:all'>{html.escape(self.pinned_code)}</code><br>"
                                    f"<span style='color:#555'>pinned: {self.status.value}</span>")
-        self._pairs = {name: wrapping_row([fw, self.pinned[name]], grid_gap=f"{PAIR_GAP_PX}px")
-                       for name, fw in self.figures.items()}
-        live = {id(fw): name for name, fw in self.figures.items()}
-        self.children = [self._pairs[live[id(c)]] if id(c) in live else c for c in self.children]
         self.pin_button.description, self.pin_button.icon = "unpin", "times"
         self.update()  # the live figures take half the width
         for name, fw in self.pinned.items():
             fw.layout.width = self.figures[name].layout.width
+            self.figure_row(name).children = (self.figures[name], fw)
 
     def unpin(self) -> None:
         """Remove the pinned copy; the live figures take the whole width again."""
-        pairs = {id(pair): name for name, pair in getattr(self, "_pairs", {}).items()}
-        self.children = [self.figures[pairs[id(c)]] if id(c) in pairs else c for c in self.children]
-        self.pinned, self.pinned_code, self.pinned_label.value, self._pairs = {}, None, "", {}
+        for name in self.pinned:
+            self.figure_row(name).children = (self.figures[name],)
+        self.pinned, self.pinned_code, self.pinned_label.value = {}, None, ""
         self.pin_button.description, self.pin_button.icon = "pin view", "thumb-tack"
         self.update()
 

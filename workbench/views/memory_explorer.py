@@ -167,7 +167,7 @@ class MemoryExplorer(ExplorerTools, widgets.VBox):
                          wrapping_row([c["optimizer"], c["update_copies"], c["device_memory"]]),
                          wrapping_row([c["recompute"], c["fused_attention"]]),
                          wrapping_row([c["micro_batch_size"], c["seq_len"], c["num_shards"]]),
-                         self.status, self.capacity, self.code, self.figure]
+                         self.status, self.capacity, self.code, self.figure_row("memory_breakdown")]
         for control in c.values():
             control.observe(lambda change: self.update(), names="value")
         self.probe.observe(lambda change: self.update(), names="width")

@@ -146,7 +146,7 @@ class LayoutExplorer(ExplorerTools, widgets.VBox):
             wrapping_row([c["communication_size"], c["num_shards"]]),
             wrapping_row([c["bucket"], c["rank"], c["link"]]),
             self.status, self.cost, self.code,
-            *(self.figures[name] for name in FIGURES[:2]), self.inspector, self.metrics, self.figures["rank_load"],
+            *(self.figure_row(name) for name in FIGURES[:2]), self.inspector, self.metrics, self.figure_row("rank_load"),
         ]
         for control in c.values():
             control.observe(self._on_change, names="value")
