@@ -28,9 +28,10 @@ need sshd openssh-server "multi-host rig"
 # Slurm and munge: the rig's own Slurm cluster (scripts/hosts_rig up --slurm) for ipyparallel's Slurm launcher.
 need slurmctld "slurm-wlm munge" "Slurm"
 python3 -m pip install -q -c constraints.txt -e ".[all,test]"
-# Two workers (pytest-xdist; WORKBENCH_TEST_WORKERS to change): a test spends much of its time waiting on
-# ranks, engines, kernels and the browser, so one worker keeps under one of the two cores busy. Each module
-# and each notebook runs whole on one worker, in the order tests/conftest.py sets (xdist would otherwise
-# start the files with the most tests first, and notebooks 03 and 05 before the tests whose runs they take). The 25 slowest tests close
-# every run, so a test that grows past its share is seen in CI's log.
-python3 -m pytest -n "${WORKBENCH_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# Three workers (pytest-xdist; WORKBENCH_TEST_WORKERS to change) on a 2-core machine: a test spends much of
+# its time waiting on ranks, engines, kernels and the browser, so two workers left the cores idle part of the
+# time (1,518 tests: 15 min 51 s on two, 14 min 32 s on three using 1.6 of the 2 cores, 14 min 56 s on four).
+# Each module and each notebook runs whole on one worker, in the order tests/conftest.py sets (xdist would
+# otherwise start the files with the most tests first, and notebooks 03 and 05 before the tests whose runs they
+# take). The 25 slowest tests close every run, so a test that grows past its share is seen in CI's log.
+python3 -m pytest -n "${WORKBENCH_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

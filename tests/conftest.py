@@ -241,7 +241,7 @@ def markers_of(path: Path, function: str) -> tuple[str, ...]:
 #: (whose runs and benchmarks notebooks 03 and 05 take: :data:`NBVAL_SWEEPS`, :data:`NBVAL_BENCHMARKS`) start
 #: early and those notebooks last, so that the other worker is not still training a run when a sweep reaches it. (``--dist loadgroup`` would group the
 #: rig's modules, but xdist 3.8 cannot set its groups on pytest 9's test ids; rigs are built under a global
-#: lock with their own names and subnets, so two workers' rigs coexist.)
+#: lock with their own names and subnets, so the workers' rigs coexist.)
 FIRST_FILES = ("notebooks/06_gradient_accumulation.ipynb", "tests/test_browser.py", "tests/test_validation.py",
                "tests/test_collectives.py", "tests/test_fully_shard_runs.py", "tests/test_train_jax.py",
                "tests/test_resident_train_jax.py", "tests/test_jax_accum.py", "tests/test_multihost.py",

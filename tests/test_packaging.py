@@ -146,4 +146,4 @@ def test_the_test_command_prints_the_slowest_tests_and_runs_each_group_whole_on_
     command = re.search(r"^python3 -m pytest .*$", (ROOT / "scripts" / "test.sh").read_text(), re.M).group(0)
     assert "--durations=25 " in command
     # --dist loadfile: each file whole on one worker, so a notebook's cells share one kernel; in conftest's order
-    assert re.search(r' -n "\$\{WORKBENCH_TEST_WORKERS:-2\}" --dist loadfile --no-loadscope-reorder ', command)
+    assert re.search(r' -n "\$\{WORKBENCH_TEST_WORKERS:-3\}" --dist loadfile --no-loadscope-reorder ', command)
