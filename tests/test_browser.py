@@ -801,19 +801,23 @@ def check_pin(page, sel: str, act) -> None:
     """Issue 29 item 13: "pin view" freezes a copy of each of the explorer's figures right beside the live one
     (side by side at 1440; tables stay single), a control then changes only the live side, and "unpin" leaves
     the live figures alone, at full width again."""
-    count = "sel => document.querySelector(sel).querySelectorAll('.js-plotly-plot').length"
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    name = sel.split("-")[1]  # layout, memory
+    count = f"sel => ({FIGURE_TITLES})(sel).length"
     figures = page.locator(f"{sel} .js-plotly-plot")
     live = figures.count()
     before = page.evaluate(FIGURE_TITLES, sel)
     page.locator(f"{sel} button:has-text('pin view')").click()
-    drawn = "sel => Array.from(document.querySelector(sel).querySelectorAll('.js-plotly-plot')).every(gd => (gd.data || []).length)"
+    traces = "sel => Array.from(document.querySelector(sel).querySelectorAll('.js-plotly-plot')).map(gd => (gd.data || []).length)"
     try:
-        page.wait_for_function(f"sel => ({count})(sel) > {live} && ({drawn})(sel)", arg=sel, timeout=60_000)
-    finally:
-        page.screenshot(path=str(UX / f"explorer-{sel.split('-')[1]}-pin-clicked.png"))
-        seen = page.evaluate("sel => Array.from(document.querySelector(sel).querySelectorAll('.js-plotly-plot')).map(gd => "
-                             "[(gd.data || []).length, Math.round(gd.getBoundingClientRect().width)])", sel)
-        (UX / f"explorer-{sel.split('-')[1]}-pin-clicked.json").write_text(json.dumps(seen))  # traces, width
+        page.wait_for_function(f"sel => ({count})(sel) > {live} && ({traces})(sel).every(n => n)", arg=sel, timeout=60_000)
+    except PlaywrightTimeout:  # what the page shows: each figure's traces and width (a blank live figure: 0, 0)
+        page.screenshot(path=str(UX / f"explorer-{name}-pin-not-drawn.png"))
+        widths = page.evaluate("sel => Array.from(document.querySelector(sel).querySelectorAll('.js-plotly-plot'))"
+                               ".map(gd => Math.round(gd.getBoundingClientRect().width))", sel)
+        raise AssertionError(f"{name}: pinned view not drawn within 60 s: traces {page.evaluate(traces, sel)}, "
+                             f"widths {widths}") from None
     pinned = page.evaluate(FIGURE_TITLES, sel)
     copies = [k for k in range(1, len(pinned)) if pinned[k] == pinned[k - 1]]  # a copy follows its live figure
     assert copies and len(pinned) == live + len(copies), (pinned, before)
@@ -822,7 +826,7 @@ def check_pin(page, sel: str, act) -> None:
     for k in copies:  # the copy sits right of its live figure, on the same row
         assert boxes[k]["x"] > boxes[k - 1]["x"] + boxes[k - 1]["width"] - 1 and abs(boxes[k]["y"] - boxes[k - 1]["y"]) < 2, boxes
     assert "pinned" in page.locator(sel).inner_text()
-    shoot_explorer(page, sel, f"explorer-{sel.split('-')[1]}-pinned")
+    shoot_explorer(page, sel, f"explorer-{name}-pinned")
     states = page.evaluate(FIGURE_STATES, sel)
     state = explorer_state(page, sel)
     act()
@@ -832,7 +836,7 @@ def check_pin(page, sel: str, act) -> None:
                            arg=[sel, states], timeout=60_000)
     after = page.evaluate(FIGURE_STATES, sel)
     assert all(after[k] == states[k] for k in copies), sel  # the pinned copies kept their view; a live one moved
-    shoot_explorer(page, sel, f"explorer-{sel.split('-')[1]}-pinned-after-change")
+    shoot_explorer(page, sel, f"explorer-{name}-pinned-after-change")
     page.locator(f"{sel} button:has-text('unpin')").click()
     page.wait_for_function(f"sel => ({count})(sel) === {live}", arg=sel, timeout=60_000)
     assert page.evaluate(FIGURE_STATES, sel) == [t for k, t in enumerate(after) if k not in copies]

@@ -81,7 +81,10 @@ class ExplorerTools:
     """
 
     def _tools_row(self) -> widgets.HBox:
-        """The row of export and pin controls; call once in ``__init__``, before the first ``update()``."""
+        """The row of export and pin controls; call once in ``__init__``, after ``figures`` and before the first
+        ``update()``."""
+        # Each live figure's row, where the explorer places it (figure_row): a pinned copy joins it there.
+        self._rows = {name: wrapping_row([fw], grid_gap=f"{PAIR_GAP_PX}px") for name, fw in self.figures.items()}
         self.pinned: dict[str, go.FigureWidget] = {}
         self.pinned_code: str | None = None
         self.pinned_label, self.export_note = widgets.HTML(), widgets.HTML()
@@ -108,13 +111,11 @@ class ExplorerTools:
             fw.layout.width = self.figure_width(self.figures[name].layout.width or self.probe.MIN_PX)
 
     def figure_row(self, name: str) -> widgets.HBox:
-        """The row that holds the live figure ``name`` where the explorer places it, made once: pinning adds the
-        frozen copy to this row and unpinning removes it, so the live figure's view in the page stays where it
-        is. (Moving a live figure into a new box made the page draw it again from nothing: blank, at width 0.)"""
-        rows = self.__dict__.setdefault("_rows", {})
-        if name not in rows:
-            rows[name] = wrapping_row([self.figures[name]], grid_gap=f"{PAIR_GAP_PX}px")
-        return rows[name]
+        """The row that holds the live figure ``name`` where the explorer places it (made in :meth:`_tools_row`):
+        pinning adds the frozen copy to this row and unpinning removes it, so the live figure's view in the page
+        stays where it is. (Moving a live figure into a new box made the page draw it again from nothing: blank,
+        at width 0.)"""
+        return self._rows[name]
 
     def pin(self) -> None:
         """Freeze a copy of the current figures beside the live ones (a pinned view is replaced); controls then
