@@ -100,6 +100,27 @@ def test_a_batch_of_a_file_changed_during_the_run_fails_naming_the_file_and_the_
         batch_for_step(2)
 
 
+def test_a_file_rewritten_between_the_check_and_the_read_is_named_as_changed(data, monkeypatch):
+    """The race CI met (stop 36): the file passes the check before a step, is overwritten, and the batch read
+    holds stray tokens; the rank says the file changed, not only that a token is out of the vocabulary."""
+    import workbench.models.tokens as tokens
+
+    sample, state = tokens.sample_batch, {}
+
+    def rewritten_first(*args, **kw):  # the writer lands between the rank's stat and its read, once
+        if not state:
+            state["at"] = True
+            data.write_bytes(b"\xff" * data.stat().st_size)
+        return sample(*args, **kw)
+
+    monkeypatch.setattr(tokens, "sample_batch", rewritten_first)
+    batch_for_step = global_batches(user_spec())
+    with pytest.raises(ValueError, match=r"the token file changed during the run, before step 3 \(131072 bytes when "
+                                         r"opened, 131072 now, other bytes\)"):
+        batch_for_step(3)
+    assert state
+
+
 def test_a_model_smaller_than_its_declared_vocabulary_is_refused_before_any_engine(data, tmp_path):
     """Item 10: model['vocab_size']=128256 on 256 embedding rows passed every check and crashed an engine."""
     for framework in ("mlx", "jax"):

@@ -185,7 +185,7 @@ def global_batches(spec) -> Callable[[int], np.ndarray]:
     opened = os.stat(spec.data)  # before the map: a change after the engine's digest check is seen too
     tokens = load_token_file(spec.data, dtype=spec.data_dtype)
 
-    def batch_for_step(step: int) -> np.ndarray:
+    def check_unchanged(step: int) -> None:
         nonlocal opened
         now = os.stat(spec.data)
         if (now.st_size, now.st_mtime_ns) != (opened.st_size, opened.st_mtime_ns):
@@ -195,8 +195,15 @@ def global_batches(spec) -> Callable[[int], np.ndarray]:
                                  f"{step} ({opened.st_size} bytes when opened, {now.st_size} now, other bytes): "
                                  "stopped rather than train on other data")
             opened = now
+
+    def batch_for_step(step: int) -> np.ndarray:
+        check_unchanged(step)
         batch = sample_batch(tokens, step, spec.global_batch, seq_len, seed=spec.data_seed)
-        check_batch_tokens(batch, vocab_size, where=f"RunSpec.data={spec.data!r}", step=step)
+        try:
+            check_batch_tokens(batch, vocab_size, where=f"RunSpec.data={spec.data!r}", step=step)
+        except ValueError:
+            check_unchanged(step)  # rewritten between the stat and the read: say so, not only the stray token
+            raise
         return batch
 
     return batch_for_step
