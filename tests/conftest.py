@@ -17,7 +17,8 @@ process (``subprocess``, ``os.fork``/``exec``/``spawn``/``system``) fails its te
 
 Also :func:`shared_runs`: a run that several modules train with the same spec is trained once a session, and a
 run a notebook's sweep will run under nbval is stored in that notebook's run store too (:data:`NBVAL_SWEEPS`), so
-nbval, which runs after the tests, finds it done instead of training it again.
+nbval, which runs after the tests, finds it done instead of training it again. And one JAX compilation cache for
+the session (:func:`pytest_configure`): a step compiled once is read back by every later run of it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_build": ENGINES,
     "test_build_inputs": ENGINES,
     "test_cli_errors": (PROCESS,),
+    "test_compile_cache": (),
     "test_cluster_profile": ENGINES,
     "test_collectives": ENGINES,
     "test_comm": (),
@@ -149,6 +151,7 @@ TEST_MARKERS: dict[str, tuple[str, ...]] = {
     "test_store_faults::test_rows_a_stray_writer_of_an_earlier_attempt_appends_are_never_read": (PROCESS,),
     "test_tokens::test_a_fresh_process_draws_the_same_batch": (PROCESS,),
     # a kernel, engines or ranks beside one-process tests
+    "test_compile_cache::test_a_second_run_reads_every_compiled_program_back_and_stores_the_same_record": ENGINES,
     "test_jax_accum::test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch": ENGINES,
     "test_labsave::test_refresh_stores_notebooks_as_lab_saves_them": ENGINES,
     "test_labsave::test_every_figure_gets_a_png_snapshot_once_and_nothing_else_changes": (PROCESS, BROWSER),
@@ -257,6 +260,25 @@ def start_rank(path: Path) -> int:
     if name in FIRST_FILES:
         return FIRST_FILES.index(name)
     return len(FIRST_FILES) + 1 + LAST_FILES.index(name) if name in LAST_FILES else len(FIRST_FILES)
+
+
+_jax_cache: list[str] = []  # the JAX compilation cache this process made for the session (it removes it)
+
+
+def pytest_configure(config):
+    """One JAX compilation cache for the session (every xdist worker, every rank and notebook kernel they start
+    inherit the variable), empty at its start like a fresh machine's, and never the developer's own
+    ``~/.cache/workbench/jax``; a ``WORKBENCH_JAX_CACHE`` already set (``off`` to compile every time) is kept."""
+    from workbench.adapters.jax.compile_cache import CACHE_ENV
+
+    if not os.environ.get(CACHE_ENV):
+        os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="workbench-jax-cache-")
+        _jax_cache.append(os.environ[CACHE_ENV])
+
+
+def pytest_unconfigure(config):
+    for folder in _jax_cache:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

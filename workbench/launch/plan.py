@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.adapters.jax.compile_cache import compile_cache_dir
 from workbench.core.checks import integer
 
 #: Backends per framework; the first is the default on CPU.
@@ -128,7 +129,7 @@ def plan_launch(
 
     Raises:
         ValueError: naming the field: ``num_ranks < 1``, an unknown framework or backend,
-            or the wrong number of ports.
+            the wrong number of ports, or (JAX) a bad ``$WORKBENCH_JAX_CACHE``.
     """
     num_ranks = integer("num_ranks", num_ranks, low=1)
     if framework not in BACKENDS:
@@ -136,6 +137,8 @@ def plan_launch(
     backend = backend or BACKENDS[framework][0]
     if backend not in BACKENDS[framework]:
         raise ValueError(f"Unknown {framework} backend {backend!r}; choose one of {', '.join(BACKENDS[framework])}.")
+    if framework == "jax":
+        compile_cache_dir()  # a bad $WORKBENCH_JAX_CACHE is refused here, before any engine starts
     needed = num_ranks if (framework, backend) == ("mlx", "ring") else 1
     ports = list(ports) if ports is not None else free_ports(needed, host)
     if len(ports) != needed:

@@ -18,11 +18,10 @@ jitted ``shard_map`` step per strategy does the rest:
 With ``spec.num_microbatches`` = G > 1 every step accumulates gradients over G micro-batches of each
 rank's rows, synchronised once (``spec.defer_sync``) or every micro-batch (:mod:`workbench.adapters.jax.accum`).
 
-Loss scope: the JAX steps return the *global* mean loss (every rank records the same
-value), whereas MLX rows hold each rank's local-slice mean. JAX rows therefore carry
-``"loss_scope": "global"`` (MLX rows have no such key: local). With equal slices the mean
-of the MLX ranks' losses is the global loss, so ``groupby("step").loss.mean()`` compares
-the two frameworks directly.
+Loss scope: the JAX steps return the *global* mean loss (every rank records the same value), whereas MLX rows
+hold each rank's local-slice mean. JAX rows therefore carry ``"loss_scope": "global"`` (MLX rows have no such
+key: local). With equal slices the mean of the MLX ranks' losses is the global loss, so
+``groupby("step").loss.mean()`` compares the two frameworks directly.
 """
 
 from __future__ import annotations
@@ -171,8 +170,8 @@ def train_jax(spec, handle) -> dict:
         per step by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``, as the step asks
         for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
         combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions", "fingerprint_exchange_s",
-        "initial_weights_sha256" (what the ranks compared before step 0)}`` and, when XLA reports it,
-        ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes).
+        "initial_weights_sha256" (compared before step 0), "compile_cache" (folder, compiles read back, compiled)}``
+        and ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes) when XLA reports it.
     """
     from workbench.ranks.phases import PHASE_AGREE, PHASE_COMPILE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
     from workbench.ranks.user_model import agree_on_start, check_finite_loss, jax_params_and_loss, start_fingerprint
@@ -184,6 +183,7 @@ def train_jax(spec, handle) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from workbench.adapters.jax.accum import compiled_program_counts
+    from workbench.adapters.jax.compile_cache import compile_cache_state as cache_state
     from workbench.adapters.jax.resident import ResidentStep
     from workbench.ranks.probes import package_versions, peak_rss_bytes
 
@@ -225,7 +225,7 @@ def train_jax(spec, handle) -> dict:
                "measured_memory": _measured_memory(p, state, compiled_memory),
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
                "compiled_collectives": compiled_program_counts(compiled.as_text()),
-               "peak_rss_bytes": peak_rss_bytes(), "versions": package_versions()}
+               "peak_rss_bytes": peak_rss_bytes(), "versions": package_versions(), "compile_cache": cache_state()}
     if compiled_memory is not None:
         summary["compiled_memory"] = compiled_memory
     return summary

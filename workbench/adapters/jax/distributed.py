@@ -44,7 +44,8 @@ def bind_gloo_to(host: str) -> bool:
 
 def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, backend: str = "gloo",
                    timeout_s: int = 60) -> bool:
-    """``jax.distributed.initialize`` with the coordinator listening on its own interface only.
+    """``jax.distributed.initialize`` with the coordinator listening on its own interface only, and JAX's
+    persistent compilation cache on (:func:`~workbench.adapters.jax.compile_cache.enable_compile_cache`).
 
     With gloo, CPU collectives go over gloo bound to this rank's host: ``$WORKBENCH_GLOO_HOST``
     (:data:`GLOO_HOST_ENV`, set per rank by a multi-host plan), else the coordinator's host.
@@ -61,6 +62,9 @@ def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, bac
     """
     import jax
 
+    from workbench.adapters.jax.compile_cache import enable_compile_cache
+
+    enable_compile_cache()  # before the first compile: the step compiled once on this machine is read back
     gloo_bound = False
     if backend == "gloo":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
