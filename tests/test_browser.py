@@ -178,18 +178,45 @@ def test_deck_starts_offline_and_every_slide_draws_its_figure(browser, deck):
         assert (ARTIFACTS / f"deck-slide-{k:02d}.png").stat().st_size > 10_000
 
 
-def test_arrow_right_alone_reaches_every_slide_of_the_deck(browser, deck):
-    """A presenter pressing "next" (ArrowRight, a clicker) sees every slide, sub-slides included (issue 18)."""
-    w = open_deck(browser, deck.html)
+#: The smallest figure text a reader gets in a 1024 x 768 window, in screen px (issue 29 item 11: about 8 px, beside
+#: 42 px headings).
+DECK_MIN_SCREEN_PX = 10
+#: Every figure text of the current slide (tspans too: a title's second line), as drawn on screen: its font size
+#: times the slide's scale.
+SLIDE_TEXT_PX = """() => { const s = Reveal.getScale();
+    return Array.from(Reveal.getCurrentSlide().querySelectorAll('.plotly-graph-div svg text, .plotly-graph-div svg tspan'))
+        .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0)
+        .map(t => [Math.round(parseFloat(getComputedStyle(t).fontSize) * s * 10) / 10, t.textContent.slice(0, 40)]); }"""
+
+
+def test_arrow_right_alone_reaches_every_slide_of_the_deck_readable_at_1024(browser, deck):
+    """A presenter pressing "next" (ArrowRight, a clicker) sees every slide, sub-slides included (issue 18), in a
+    1024 x 768 window (issue 29 item 11): no figure text under DECK_MIN_SCREEN_PX on screen, no raw pandas or
+    missing value in a slide's words (screenshots ``deck-1024-slide-*``)."""
+    w = Watched(browser, ("file:", "data:", "blob:"), viewport={"width": 1024, "height": 768})
     page = w.page
+    page.goto(deck.html.resolve().as_uri(), wait_until="load")
+    page.wait_for_function("window.workbenchDeck && window.workbenchDeck.ready && window.Reveal && Reveal.isReady()",
+                           timeout=30_000)
+    UX.mkdir(parents=True, exist_ok=True)
     total = page.evaluate("Reveal.getTotalSlides()")
-    seen = [page.evaluate("Reveal.getSlidePastCount()")]
+    seen, small, raw = [page.evaluate("Reveal.getSlidePastCount()")], [], []
     for _ in range(total + 2):  # two more presses than slides: the last must stay the last
         page.keyboard.press("ArrowRight")
         page.wait_for_function("window.workbenchDeck.ready", timeout=15_000)
-        seen.append(page.evaluate("Reveal.getSlidePastCount()"))
+        k = page.evaluate("Reveal.getSlidePastCount()")
+        if k != seen[-1]:
+            texts = page.evaluate(SLIDE_TEXT_PX)
+            small += [(k, px, text) for px, text in texts if px < DECK_MIN_SCREEN_PX]
+            words = page.evaluate("Reveal.getCurrentSlide().innerText")
+            raw += [(k, m) for m in re.findall(r"dtype: \w+|\bNaN\b|\bNone\b", words)]
+            if texts:
+                page.screenshot(path=str(UX / f"deck-1024-slide-{k:02d}.png"))
+        seen.append(k)
     assert sorted(set(seen)) == list(range(total)), seen
     assert seen[:total] == list(range(total)), seen  # in order, one slide per press
+    assert small == [], small
+    assert raw == [], raw
     assert w.errors() == []
 
 

@@ -346,3 +346,23 @@ def test_a_decks_figure_text_is_sized_for_a_slide_and_its_legend_kept_clear_of_t
     assert out["margin"]["t"] > 80 and out["margin"]["b"] >= 120
     assert (out["legend"]["yref"], out["legend"]["y"], out["legend"]["yanchor"]) == ("container", 0, "bottom")
     assert fig["layout"]["legend"]["y"] == -0.18  # the notebook's figure is left as it was
+
+
+def test_no_figure_text_of_a_deck_is_set_under_the_decks_smallest_size():
+    """Issue 29 item 11 at 1024 px: 11 px peak labels and a title's <sup> line (70% of the title) still came to
+    8.5-8.9 px there; every explicit size is floored at DECK_MIN_FONT_PX, the <sup> line set at it."""
+    from workbench.publish.reveal import DECK_MIN_FONT_PX, deck_fonts
+
+    fig = {"data": [{"type": "scatter", "textfont": {"size": 11}}, {"type": "bar", "textfont": {"size": [9, 20]}}],
+           "layout": {"title": {"text": "A<br><sup>b, c</sup>", "font": {"size": 10}}, "legend": {"font": {"size": 9}},
+                      "xaxis": {"tickfont": {"size": 10}}, "yaxis2": {"title": {"text": "t", "font": {"size": 8}}}}}
+    out = deck_fonts(fig)
+    assert out["data"][0]["textfont"]["size"] == DECK_MIN_FONT_PX
+    assert out["data"][1]["textfont"]["size"] == [9, 20]  # one size per point: left as it is
+    layout = out["layout"]
+    assert [layout["title"]["font"]["size"], layout["legend"]["font"]["size"], layout["xaxis"]["tickfont"]["size"],
+            layout["yaxis2"]["title"]["font"]["size"]] == [DECK_MIN_FONT_PX] * 4
+    assert layout["title"]["text"] == f"A<br><span style='font-size:{DECK_MIN_FONT_PX}px'>b, c</span>"
+    assert deck_fonts({"layout": {"title": "x<br><sup>y</sup>"}})["layout"]["title"]["text"].endswith(
+        f"<span style='font-size:{DECK_MIN_FONT_PX}px'>y</span>")
+    assert fig["data"][0]["textfont"]["size"] == 11  # the notebook's figure is left as it was

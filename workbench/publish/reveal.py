@@ -46,17 +46,44 @@ def _figure_html(fig_dict: Mapping, div_id: str) -> str:
 #: A deck's figure text, in px of its 1280 px slide: a notebook's 12 px tick labels showed at about 8 px in a
 #: 1024 px window, beside 42 px headings (issue 29, item 11).
 DECK_FONT_PX = 14
+#: The smallest text a deck's figure keeps, in px of its slide: 10 px in a 1024 px window (the slide drawn at
+#: 0.78). A notebook's 11 px labels and a title's ``<sup>`` line (70% of the title) fell to 8.5-8.9 px there.
+DECK_MIN_FONT_PX = 13
+
+
+def _subtitle(title: dict) -> dict:
+    """A title whose ``<sup>`` line (plotly draws it at 70% of the title) is set at :data:`DECK_MIN_FONT_PX`."""
+    text = title.get("text")
+    if not isinstance(text, str) or "<sup>" not in text:
+        return title
+    return {**title, "text": re.sub(r"<sup>(.*?)</sup>", rf"<span style='font-size:{DECK_MIN_FONT_PX}px'>\1</span>", text)}
 
 
 def deck_fonts(fig: dict, base_px: int = DECK_FONT_PX) -> dict:
     """The figure with its text scaled for a slide: the base font at ``base_px`` and every explicit font size (the
-    title's, annotations', the legend's) by the same factor over plotly's 12 px default."""
+    title's, annotations', the legend's, axes' ticks and titles', traces' text) by the same factor over plotly's
+    12 px default, none under :data:`DECK_MIN_FONT_PX`, nor the title's ``<sup>`` line."""
     factor = base_px / 12
     layout = dict(fig.get("layout", {}))
-    scale = lambda font: {**font, "size": round(font["size"] * factor, 1)} if font.get("size") else font  # noqa: E731
+
+    def scale(font):
+        size = font.get("size")  # a number, or one per point (left as it is)
+        return {**font, "size": max(DECK_MIN_FONT_PX, round(size * factor, 1))} if isinstance(size, (int, float)) else font
+
     layout["font"] = {**layout.get("font", {}), "size": max(base_px, layout.get("font", {}).get("size") or 0)}
-    if isinstance(layout.get("title"), dict) and "font" in layout["title"]:
-        layout["title"] = {**layout["title"], "font": scale(layout["title"]["font"])}
+    if isinstance(layout.get("title"), dict):
+        layout["title"] = _subtitle({**layout["title"], **({"font": scale(layout["title"]["font"])}
+                                                           if "font" in layout["title"] else {})})
+    elif isinstance(layout.get("title"), str):
+        layout["title"] = _subtitle({"text": layout["title"]})
+    for name, axis in list(layout.items()):
+        if re.fullmatch(r"[xy]axis\d*", name) and isinstance(axis, dict):
+            axis = {**axis, **({"tickfont": scale(axis["tickfont"])} if "tickfont" in axis else {})}
+            if isinstance(axis.get("title"), dict) and "font" in axis["title"]:
+                axis["title"] = {**axis["title"], "font": scale(axis["title"]["font"])}
+            layout[name] = axis
+    data = [{**t, "textfont": scale(t["textfont"])} if isinstance(t.get("textfont"), dict) else t
+            for t in fig.get("data", [])]
     legend = dict(layout.get("legend", {}))
     if "font" in legend:
         legend["font"] = scale(legend["font"])
@@ -73,7 +100,10 @@ def deck_fonts(fig: dict, base_px: int = DECK_FONT_PX) -> dict:
                                      for side, default in (("t", 100), ("b", 80))}}
     if below:
         layout["margin"]["b"] = max(layout["margin"]["b"], 120)
-    return {**fig, "layout": layout}
+    title = layout.get("title", {}).get("text") if isinstance(layout.get("title"), dict) else None
+    if isinstance(title, str):  # each <sup> line set at DECK_MIN_FONT_PX, taller than plotly's 70%: room above
+        layout["margin"]["t"] += 8 * title.count(f"font-size:{DECK_MIN_FONT_PX}px")
+    return {**fig, "data": data, "layout": layout}
 
 
 def figures_to_html(nb) -> list[tuple[int, dict]]:
