@@ -268,14 +268,15 @@ def test_pin_keeps_a_frozen_view_beside_the_live_one(which):
         assert copy is not fw and row_of(explorer, fw) is row_of(explorer, copy)  # side by side, one row
         # ... the row the live figure always had: a live figure moved to a new box was drawn blank in the page
         assert row_of(explorer, fw) is rows[name] and rows[name].children == (fw, copy)
-        assert fw.layout.width == copy.layout.width < full[name]  # each takes half the width
+        assert fw.layout.width == copy.fig.layout.width < full[name]  # each takes half the width
+        assert copy.outputs[0]["data"]["application/vnd.plotly.v1+json"]["layout"]["width"] == fw.layout.width
     status = explorer.status.value
     for control, value in changes:
         explorer.controls[control].value = value
     explorer.probe.width = 1208  # the notebook's width, reported by the browser: both halves follow it
     for name, fw in explorer.figures.items():
-        assert fw.layout.width == explorer.pinned[name].layout.width == (1200 - 8) // 2, name
-        assert drawn(explorer.pinned[name]) == before[name], name  # frozen
+        assert fw.layout.width == explorer.pinned[name].fig.layout.width == (1200 - 8) // 2, name
+        assert drawn(explorer.pinned[name].fig) == before[name], name  # frozen
         assert drawn(fw) != before[name], name  # live
     label = html.unescape(explorer.pinned_label.value)
     assert all(part in label for part in pinned_state) and explorer.pinned_code in label, label

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import os
 import re
 from pathlib import Path
@@ -69,11 +70,37 @@ def write_images(figures: Sequence[go.Figure], paths: Sequence[Path]) -> list[Pa
             tmp.unlink(missing_ok=True)
 
 
+#: The mimetype JupyterLab's plotly extension draws (no widget model: nothing races anywidget's 2 s start).
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+class PinnedFigure(widgets.Output):
+    """A frozen copy of a figure, shown as plotly's own mimetype output rather than a ``FigureWidget``: a copy never
+    changes, and a new ``FigureWidget`` on a busy page (load 6-9) failed anywidget's 2 s start and stayed blank
+    (issue 29 items 1 and 13: the pinned view not drawn within 60 s, in a suite run).
+
+    Attributes:
+        fig: The frozen figure (a ``go.Figure``; its ``layout.width`` is the copy's width).
+    """
+
+    def __init__(self, fig: go.Figure):
+        super().__init__()
+        self.fig = fig
+        self.show()
+
+    def show(self, width: int | None = None) -> None:
+        """Draw the copy (again), at ``width`` pixels if given."""
+        if width is not None:
+            self.fig.layout.width = width
+        self.outputs = ({"output_type": "display_data", "metadata": {},
+                         "data": {PLOTLY_MIME: json.loads(self.fig.to_json()), "text/plain": "pinned figure"}},)
+
+
 class ExplorerTools:
     """Export and pin for an explorer (see the module's docstring for what the explorer provides).
 
     Attributes:
-        pinned: ``{name: FigureWidget}``: the frozen copies beside the live figures; empty when nothing is pinned.
+        pinned: ``{name: PinnedFigure}``: the frozen copies beside the live figures; empty when nothing is pinned.
         pinned_code: The call that reproduces the pinned view, or ``None``.
         pinned_label: HTML naming the pinned view (its call and its status line), empty when nothing is pinned.
         export_folder: A text field: the folder the export button writes to.
@@ -85,7 +112,7 @@ class ExplorerTools:
         ``update()``."""
         # Each live figure's row, where the explorer places it (figure_row): a pinned copy joins it there.
         self._rows = {name: wrapping_row([fw], grid_gap=f"{PAIR_GAP_PX}px") for name, fw in self.figures.items()}
-        self.pinned: dict[str, go.FigureWidget] = {}
+        self.pinned: dict[str, PinnedFigure] = {}
         self.pinned_code: str | None = None
         self.pinned_label, self.export_note = widgets.HTML(), widgets.HTML()
         self.export_folder = widgets.Text(value=DEFAULT_EXPORT_FOLDER, description="export to",
@@ -107,8 +134,8 @@ class ExplorerTools:
         return max((width - PAIR_GAP_PX) // 2, self.probe.MIN_PX) if self.pinned else width
 
     def _resize_pinned(self, change=None) -> None:
-        for name, fw in self.pinned.items():  # the live side follows in the explorer's own update
-            fw.layout.width = self.figure_width(self.figures[name].layout.width or self.probe.MIN_PX)
+        for name, copy in self.pinned.items():  # the live side follows in the explorer's own update
+            copy.show(self.figure_width(self.figures[name].layout.width or self.probe.MIN_PX))
 
     def figure_row(self, name: str) -> widgets.HBox:
         """The row that holds the live figure ``name`` where the explorer places it (made in :meth:`_tools_row`):
@@ -123,15 +150,15 @@ class ExplorerTools:
         if self.pinned:
             self.unpin()
         self.pinned_code = self.code_line()
-        self.pinned = {name: go.FigureWidget(fw.to_dict()) for name, fw in self.figures.items()}
+        self.pinned = {name: PinnedFigure(go.Figure(fw.to_dict())) for name, fw in self.figures.items()}
         self.pinned_label.value = ("<b>pinned</b> (right, or below when narrow): "
                                    f"<code style='user-select:all'>{html.escape(self.pinned_code)}</code><br>"
                                    f"<span style='color:#555'>pinned: {self.status.value}</span>")
         self.pin_button.description, self.pin_button.icon = "unpin", "times"
         self.update()  # the live figures take half the width
-        for name, fw in self.pinned.items():
-            fw.layout.width = self.figures[name].layout.width
-            self.figure_row(name).children = (self.figures[name], fw)
+        for name, copy in self.pinned.items():
+            copy.show(self.figures[name].layout.width)
+            self.figure_row(name).children = (self.figures[name], copy)
 
     def unpin(self) -> None:
         """Remove the pinned copy; the live figures take the whole width again."""
@@ -160,7 +187,7 @@ class ExplorerTools:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         figures = {name: go.Figure(fw.to_dict()) for name, fw in self.figures.items()}
-        figures |= {f"pinned-{name}": go.Figure(fw.to_dict()) for name, fw in self.pinned.items()}
+        figures |= {f"pinned-{name}": go.Figure(copy.fig.to_dict()) for name, copy in self.pinned.items()}
         paths = [folder / f"{stem}-{name.replace('_', '-')}.{fmt}" for name in figures for fmt in EXPORT_FORMATS]
         text = self.export_markdown(stem, code, [p.name for p in paths])
         md = folder / f"{stem}.md"
