@@ -321,3 +321,26 @@ def test_export_never_overwrites_another_views_files(tmp_path):
     explorer.export_button.click()
     assert "Not exported" in explorer.export_note.value and "holds another view" in explorer.export_note.value
     assert md.read_text() == "another view\n" and sorted(p.name for p in tmp_path.iterdir()) == [md.name]
+
+
+def test_a_pinned_copy_and_an_export_are_what_the_explorer_sent_not_the_widgets_python_state():
+    """Issue 29 item 13: in JupyterLab a pinned copy of the bucket figure showed "trace 0", "trace 1", default colours
+    and wide bars: plotly's widget code rewrites the Python side of a FigureWidget's traces from the browser's trace
+    deltas, and the copy was made from it (``to_dict()``). A copy (and an export) is the JSON the explorer sent."""
+    from workbench.views.widgets import build_layout_explorer
+
+    explorer = build_layout_explorer("mixtral-8x7b", num_shards=4)
+    name = next(iter(explorer.figures))
+    fw = explorer.figures[name]
+    sent = [t.get("name") for t in explorer.shown_json()[name]["data"]]
+    assert sent[:3] == ["embedding", "attention", "mlp"]
+    with fw.batch_update():  # what a browser's deltas did to the Python side
+        for trace in fw.data[:3]:
+            trace.name, trace.marker.color = None, None
+    explorer.pin_button.click()
+    copy = explorer.pinned[name]
+    assert [t.name for t in copy.fig.data] == sent and copy.fig.data[0].marker.color == "#4C78A8"
+    assert copy.fig.layout.template == fw.layout.template and copy.fig.layout.width == fw.layout.width
+    shown = copy.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    assert [t.get("name") for t in shown["data"]] == sent
+    assert [t.name for t in explorer.frozen_figures()[name].data] == sent  # what an export writes

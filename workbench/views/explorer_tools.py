@@ -137,6 +137,24 @@ class ExplorerTools:
         for name, copy in self.pinned.items():  # the live side follows in the explorer's own update
             copy.show(self.figure_width(self.figures[name].layout.width or self.probe.MIN_PX))
 
+    def shown_json(self) -> dict[str, dict | None]:
+        """``{name: figure JSON}``: what the explorer last sent each live figure (None before its first draw).
+        Each explorer says where it keeps it."""
+        raise NotImplementedError
+
+    def frozen_figures(self) -> dict[str, go.Figure]:
+        """Each live figure as the explorer drew it: the JSON it last sent (:meth:`shown_json`), with the widget's
+        template and width. Not the widget's ``to_dict()``: plotly's widget code rewrites the Python side of its
+        traces from the browser's trace deltas, and a pinned copy made from it lost the bucket figure's names,
+        colours and bar widths ("trace 0", "trace 1", ...; issue 29 item 13)."""
+        shown = self.shown_json()
+        frozen = {}
+        for name, fw in self.figures.items():
+            fig = shown.get(name)
+            frozen[name] = go.Figure(fw.to_dict()) if fig is None else go.Figure(
+                {**fig, "layout": {**fig["layout"], "template": fw.layout.template, "width": fw.layout.width}})
+        return frozen
+
     def figure_row(self, name: str) -> widgets.HBox:
         """The row that holds the live figure ``name`` where the explorer places it (made in :meth:`_tools_row`):
         pinning adds the frozen copy to this row and unpinning removes it, so the live figure's view in the page
@@ -150,7 +168,7 @@ class ExplorerTools:
         if self.pinned:
             self.unpin()
         self.pinned_code = self.code_line()
-        self.pinned = {name: PinnedFigure(go.Figure(fw.to_dict())) for name, fw in self.figures.items()}
+        self.pinned = {name: PinnedFigure(fig) for name, fig in self.frozen_figures().items()}
         self.pinned_label.value = ("<b>pinned</b> (right, or below when narrow): "
                                    f"<code style='user-select:all'>{html.escape(self.pinned_code)}</code><br>"
                                    f"<span style='color:#555'>pinned: {self.status.value}</span>")
@@ -186,7 +204,7 @@ class ExplorerTools:
         stem = view_stem(self.view_parts(), code + (f"\npinned: {pinned}" if pinned else ""))
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        figures = {name: go.Figure(fw.to_dict()) for name, fw in self.figures.items()}
+        figures = self.frozen_figures()
         figures |= {f"pinned-{name}": go.Figure(copy.fig.to_dict()) for name, copy in self.pinned.items()}
         paths = [folder / f"{stem}-{name.replace('_', '-')}.{fmt}" for name in figures for fmt in EXPORT_FORMATS]
         text = self.export_markdown(stem, code, [p.name for p in paths])

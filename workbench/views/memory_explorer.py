@@ -175,6 +175,9 @@ class MemoryExplorer(ExplorerTools, widgets.VBox):
 
     CODE_IMPORTS = "from workbench.views.memory_explorer import build_memory_explorer"
 
+    def shown_json(self) -> dict[str, dict | None]:
+        return {"memory_breakdown": self._shown}
+
     def view_parts(self) -> list[str]:
         """What an export's file names say of this view: model, the N range, micro-batch and sequence length."""
         v = {name: control.value for name, control in self.controls.items()}

@@ -196,6 +196,9 @@ class LayoutExplorer(ExplorerTools, widgets.VBox):
 
     CODE_IMPORTS = "from workbench.core.units import MiB\nfrom workbench.views.widgets import build_layout_explorer"
 
+    def shown_json(self) -> dict[str, dict | None]:
+        return dict(self._shown)
+
     def view_parts(self) -> list[str]:
         """What an export's file names say of this view: model, size, N, layout."""
         v = {name: control.value for name, control in self.controls.items()}
