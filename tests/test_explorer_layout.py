@@ -344,3 +344,18 @@ def test_a_pinned_copy_and_an_export_are_what_the_explorer_sent_not_the_widgets_
     shown = copy.outputs[0]["data"]["application/vnd.plotly.v1+json"]
     assert [t.get("name") for t in shown["data"]] == sent
     assert [t.name for t in explorer.frozen_figures()[name].data] == sent  # what an export writes
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_page_asks_once_after_the_grace_so_an_undrawn_figure_is_named_without_a_control_change(which):
+    """Issue 29 item 1: the notice came only with the next control change; the width probe's page asks the kernel
+    to look once, DRAW_GRACE_S + 5 s after it drew (its ``checks``), and the explorer then names what is undrawn."""
+    from workbench.views.widget_sync import DRAW_GRACE_S, WidthProbe
+
+    assert f"}}, {int((DRAW_GRACE_S + 5) * 1000)});" in WidthProbe._esm.replace("\n", "").replace("  ", "")
+    explorer = _explorers()[which]
+    explorer.probe.width = 900  # the page drew the explorer; no figure has reported drawing
+    explorer.probe.seen_at -= DRAW_GRACE_S
+    assert "Not drawn" not in explorer.status.value
+    explorer.probe.checks += 1  # what the page sends past the grace
+    assert "<b>Not drawn:</b>" in explorer.status.value and "Re-run this cell" in explorer.status.value

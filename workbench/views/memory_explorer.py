@@ -170,7 +170,7 @@ class MemoryExplorer(ExplorerTools, widgets.VBox):
                          self.status, self.capacity, self.code, self.figure_row("memory_breakdown")]
         for control in c.values():
             control.observe(lambda change: self.update(), names="value")
-        self.probe.observe(lambda change: self.update(), names="width")
+        self.probe.observe(lambda change: self.update(), names=["width", "checks"])
         self.update()
 
     CODE_IMPORTS = "from workbench.views.memory_explorer import build_memory_explorer"

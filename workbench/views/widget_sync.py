@@ -136,6 +136,11 @@ BUSY_CLASS = "workbench-busy"
 BUSY_TEXT = "<i>updating…</i>"
 
 
+#: Seconds from the width probe's first report (the page drew the explorer) until a figure that plotly's widget
+#: code has not reported drawing counts as not drawn.
+DRAW_GRACE_S = 15.0
+
+
 class WidthProbe(anywidget.AnyWidget):
     """A strip of no height as wide as the explorer that holds it: the browser reports its width in pixels
     (``width``, 0 until drawn), so that figures follow the notebook's width (issue 29 item 3: fixed 940 px
@@ -149,10 +154,17 @@ export default { render({ model, el }) {
     if (w > 0 && w !== model.get("width")) { model.set("width", w); model.save_changes(); } };
   const seen = new ResizeObserver(() => { clearTimeout(timer); timer = setTimeout(send, 120); });
   seen.observe(el);
-  return () => { seen.disconnect(); clearTimeout(timer); };
-} };"""
+  // Past the draw grace, ask the kernel once to look: a figure anywidget gave up on is then named at once,
+  // not at the next control change.
+  const check = setTimeout(() => { model.set("checks", model.get("checks") + 1); model.save_changes(); },
+                           CHECK_MS);
+  return () => { seen.disconnect(); clearTimeout(timer); clearTimeout(check); };
+} };""".replace("CHECK_MS", str(int((DRAW_GRACE_S + 5) * 1000)))
     _css = f".{BUSY_CLASS} .js-plotly-plot {{ opacity: 0.45; transition: opacity 60ms; }}"
     width = traitlets.Int(0).tag(sync=True)
+    #: How often the page asked the explorer to look for undrawn figures (once, :data:`DRAW_GRACE_S` + 5 s after
+    #: it drew the probe); an explorer observes it beside ``width``.
+    checks = traitlets.Int(0).tag(sync=True)
     #: ``time.monotonic()`` when the browser first reported a width (a live page drew the explorer); None before.
     seen_at: float | None = None
 
@@ -198,9 +210,6 @@ def busy(box: widgets.Box, status: widgets.HTML) -> Iterator[None]:
         box.remove_class(BUSY_CLASS)
 
 
-#: Seconds from the width probe's first report (the page drew the explorer) until a figure that plotly's widget
-#: code has not reported drawing counts as not drawn.
-DRAW_GRACE_S = 15.0
 
 
 def watch_drawn(fw: go.FigureWidget) -> go.FigureWidget:

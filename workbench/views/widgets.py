@@ -150,7 +150,7 @@ class LayoutExplorer(ExplorerTools, widgets.VBox):
         ]
         for control in c.values():
             control.observe(self._on_change, names="value")
-        self.probe.observe(self._on_change, names="width")
+        self.probe.observe(self._on_change, names=["width", "checks"])
         self.update()
 
     def _spec(self, model: ModelSpec | str) -> ModelSpec:
