@@ -156,7 +156,7 @@ export default { render({ model, el }) {
   seen.observe(el);
   // Past the draw grace, ask the kernel once to look: a figure anywidget gave up on is then named at once,
   // not at the next control change.
-  const check = setTimeout(() => { model.set("checks", model.get("checks") + 1); model.save_changes(); },
+  const check = setTimeout(() => { model.set("checks", (model.get("checks") || 0) + 1); model.save_changes(); },
                            CHECK_MS);
   return () => { seen.disconnect(); clearTimeout(timer); clearTimeout(check); };
 } };""".replace("CHECK_MS", str(int((DRAW_GRACE_S + 5) * 1000)))
