@@ -85,8 +85,7 @@ class PinnedFigure(widgets.Output):
 
     def __init__(self, fig: go.Figure):
         super().__init__()
-        self.fig = fig
-        self.show()
+        self.fig = fig  # drawn by show(), once its width is known
 
     def show(self, width: int | None = None) -> None:
         """Draw the copy (again), at ``width`` pixels if given."""
