@@ -83,6 +83,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_markers": (),
     "test_memory": (),
     "test_memory_view": (),
+    "test_mlx_blas": (),
     "test_mlx_fsdp": ENGINES,
     "test_mlx_hsdp_mpi": ENGINES,
     "test_mlx_lm_config": (),
@@ -140,6 +141,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
 TEST_MARKERS: dict[str, tuple[str, ...]] = {
     # a probe interpreter or a shell beside one-process tests
     "test_adapters::test_import_workbench_without_mlx_or_jax": (PROCESS,),
+    "test_mlx_blas::test_a_rank_given_the_plan_computes_as_numpy_does_and_names_its_blas": (PROCESS,),
     "test_architecture::test_the_public_api_imports_from_the_package_and_loads_frameworks_lazily": (PROCESS,),
     "test_config_inputs::test_the_sizes_that_ran_for_minutes_are_refused_at_once": (PROCESS,),
     "test_hf_config::test_no_framework_is_imported": (PROCESS,),
@@ -274,6 +276,12 @@ def pytest_configure(config):
     if not os.environ.get(CACHE_ENV):
         os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="workbench-jax-cache-")
         _jax_cache.append(os.environ[CACHE_ENV])
+    # MLX's OpenBLAS shim (workbench.adapters.mlx.blas) is compiled, once per machine, here rather than by the
+    # first test that plans an MLX launch, which may be a one-process test (no compiler process allowed there).
+    from workbench.adapters.mlx.blas import blas_choice, mlx_rank_env
+
+    if blas_choice() == "openblas":
+        mlx_rank_env()
 
 
 def pytest_unconfigure(config):

@@ -124,8 +124,8 @@ def test_environment_yml_agrees_with_pyproject():
 
 def test_mlx_extra_is_cpu_build_on_linux():
     mlx = [Requirement(x) for x in PYPROJECT["project"]["optional-dependencies"]["mlx"]]
-    linux = [r for r in mlx if r.marker.evaluate({"sys_platform": "linux"})]
-    assert len(linux) == 1 and linux[0].extras == {"cpu"}
+    linux = {r.name: r for r in mlx if r.marker.evaluate({"sys_platform": "linux"})}
+    assert set(linux) == {"mlx", "scipy-openblas32"} and linux["mlx"].extras == {"cpu"}  # OpenBLAS under MLX
 
 
 def test_a_failed_apt_get_still_runs_the_tests(tmp_path):

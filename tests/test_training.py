@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from workbench.adapters.mlx.blas import expected_blas
 from workbench.launch.driver import run_training
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
@@ -154,6 +155,7 @@ def test_the_backends_capabilities_are_recorded_with_the_run(mlx_runs):
         assert r["backend"] == "ring" and r["capabilities"] == {"sum_scatter": False, "group_split": False}
         assert r["collective_path"] == "ring" and r["ring_transport"] == "all_gather exchange"
         assert r["peak_rss_bytes"] > r["peak_array_bytes"] > 0 and "mlx" in r["versions"]
+        assert r["versions"]["mlx-blas"] == expected_blas()  # OpenBLAS here (workbench.adapters.mlx.blas)
 
 
 def test_the_accumulation_table_matches_the_collective_model_on_every_run(mlx_runs, accum_runs):

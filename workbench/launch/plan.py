@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.adapters.jax.compile_cache import compile_cache_dir
+from workbench.adapters.mlx.blas import blas_choice, mlx_rank_env
 from workbench.core.checks import integer
 
+#: Hosts that are this machine: MLX ranks there get OpenBLAS (:mod:`workbench.adapters.mlx.blas`).
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: Backends per framework; the first is the default on CPU.
 BACKENDS = {"mlx": ("ring", "mpi", "nccl"), "jax": ("gloo", "default")}
 
@@ -129,7 +132,8 @@ def plan_launch(
 
     Raises:
         ValueError: naming the field: ``num_ranks < 1``, an unknown framework or backend,
-            the wrong number of ports, or (JAX) a bad ``$WORKBENCH_JAX_CACHE``.
+            the wrong number of ports, (JAX) a bad ``$WORKBENCH_JAX_CACHE``, or (MLX) a bad
+            ``$WORKBENCH_MLX_BLAS``.
     """
     num_ranks = integer("num_ranks", num_ranks, low=1)
     if framework not in BACKENDS:
@@ -139,6 +143,10 @@ def plan_launch(
         raise ValueError(f"Unknown {framework} backend {backend!r}; choose one of {', '.join(BACKENDS[framework])}.")
     if framework == "jax":
         compile_cache_dir()  # a bad $WORKBENCH_JAX_CACHE is refused here, before any engine starts
+    blas = {}
+    if framework == "mlx":  # OpenBLAS under a rank on this machine (a bad $WORKBENCH_MLX_BLAS is refused)
+        blas_choice()
+        blas = mlx_rank_env() if host in LOCAL_HOSTS else {}
     needed = num_ranks if (framework, backend) == ("mlx", "ring") else 1
     ports = list(ports) if ports is not None else free_ports(needed, host)
     if len(ports) != needed:
@@ -148,7 +156,7 @@ def plan_launch(
     for r in range(num_ranks):
         e = dict(base)
         if framework == "mlx":
-            e.update(MLX_RANK=str(r), WORKBENCH_BACKEND=backend)
+            e.update(MLX_RANK=str(r), WORKBENCH_BACKEND=backend, **blas)
             if backend == "nccl":  # one GPU per rank; rank 0 hosts NCCL's rendezvous
                 e.update(MLX_WORLD_SIZE=str(num_ranks), NCCL_HOST_IP=host, NCCL_PORT=str(ports[0]),
                          CUDA_VISIBLE_DEVICES=str(r))

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from workbench.adapters.mlx.blas import mlx_rank_env
 from workbench.launch.plan import thread_env
 from workbench.runs.profile import (
     ModelProfile,
@@ -86,6 +87,8 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
     if spec.framework == "jax":  # as plan_launch gives a JAX rank: one CPU device, unless a platform is chosen
         env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1",
                    JAX_PLATFORMS=env.get("JAX_PLATFORMS") or "cpu")
+    else:  # as plan_launch gives an MLX rank on this machine: OpenBLAS where it can be had
+        env.update(mlx_rank_env(env))
     with tempfile.TemporaryDirectory(prefix="wb-profile-") as tmp:
         spec_file, outs = Path(tmp) / "spec.json", [Path(tmp) / f"profile{i}.json" for i in range(co_runners)]
         spec_file.write_text(json.dumps(spec.to_dict()))

@@ -5,6 +5,8 @@ Plain data only (ints, dicts): these values travel back from engines and into ru
 
 from __future__ import annotations
 
+import sys
+
 
 def peak_rss_bytes() -> int:
     """Peak resident memory of this process in bytes (``ru_maxrss``; psutil's current RSS if unavailable)."""
@@ -63,4 +65,8 @@ def package_versions() -> dict:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
+    if "mlx.core" in sys.modules:  # the BLAS under this process's MLX (workbench.adapters.mlx.blas)
+        from workbench.adapters.mlx.blas import blas_in_use
+
+        out["mlx-blas"] = blas_in_use()
     return out

@@ -16,8 +16,8 @@ The cache: one JSON file per profile, ``<runs root>/.profiles/<framework>-<key>.
 (a dotted folder, which :func:`workbench.runs.tables.load_runs` passes over), written atomically. The key
 hashes what the measurement depends on (:func:`profile_key_fields`): the model (the built-in LM's config,
 or the factory and its source's sha256), dtype, sequence length, vocabulary, optimizer, framework and its
-version, threads, the processes measuring at once, and :data:`PROFILE_VERSION` (a profile stored by older code
-is never found under a newer key: it is measured again). A cache file that cannot be read as a profile is an
+version, threads, the processes measuring at once, MLX's BLAS, and :data:`PROFILE_VERSION` (a profile stored by
+older code is never found under a newer key: it is measured again). A cache file that cannot be read as a profile is an
 error naming it, and it is left in place: nothing stored is overwritten unasked (remove it, or ``refresh=True``).
 """
 
@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from workbench.adapters.mlx.blas import expected_blas
 from workbench.estimate.breakdown import MemoryComponent, MemoryEstimate
 from workbench.estimate.profile_fit import LinearFit, fit_from_dict, fit_linear
 from workbench.models.init import LMConfig
@@ -43,8 +44,7 @@ from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_
 STEP_SAMPLES = ("step_s_samples", "step_bare_s_samples", "step_update_s_samples")
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
-#: The record's layout and what its times mean (part of the cache key; a file of another version is refused,
-#: naming it). 2: the trainer's step timed, ``co_runners`` processes at once; 1 measured neither.
+#: The record's layout and what its times mean (in the key; another version's file is refused, naming it).
 PROFILE_VERSION = 2
 
 
@@ -52,15 +52,14 @@ class ProfileError(ValueError):
     """A cached profile that cannot be used: ``path`` names the file, which is left as it was."""
 
     def __init__(self, path: Path, why: str):
-        super().__init__(f"model profile {path}: {why} (the file is kept: remove it, or profile again with "
-                         "refresh=True, to measure the model anew)")
+        super().__init__(f"model profile {path}: {why} (the file is kept: remove it, or profile again with refresh=True)")
         self.path = Path(path)
 
 
 def profile_key_fields(spec: Any, threads: int | None, co_runners: int = 1) -> dict:
     """What a profile of ``spec``'s model depends on (a RunSpec or its dict): the model, dtype, tokens,
     optimizer, framework and its installed version, ``threads`` (a rank's ``OMP_NUM_THREADS``), ``co_runners``
-    (profiling processes measuring at once: the ranks per host) and :data:`PROFILE_VERSION`."""
+    (profiling processes measuring at once: the ranks per host), MLX's BLAS and :data:`PROFILE_VERSION`."""
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     framework = fields["framework"]
     if fields.get("model_factory") is not None:
@@ -71,9 +70,10 @@ def profile_key_fields(spec: Any, threads: int | None, co_runners: int = 1) -> d
         version = metadata.version(framework)
     except metadata.PackageNotFoundError:
         version = None
+    blas = {"blas": expected_blas()} if framework == "mlx" else {}  # MLX's compute time is its BLAS's
     return {"model": model, "precision": fields["precision"], "seq_len": fields["model"]["seq_len"],
-            "vocab_size": fields["model"]["vocab_size"], "optimizer": fields["optimizer"],
-            "framework": framework, "framework_version": version, "threads": threads, "co_runners": co_runners,
+            "vocab_size": fields["model"]["vocab_size"], "optimizer": fields["optimizer"], "framework": framework,
+            "framework_version": version, "threads": threads, "co_runners": co_runners, **blas,
             "profile_version": PROFILE_VERSION}
 
 
