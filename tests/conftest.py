@@ -276,6 +276,10 @@ def pytest_configure(config):
     if not os.environ.get(CACHE_ENV):
         os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="workbench-jax-cache-")
         _jax_cache.append(os.environ[CACHE_ENV])
+    # The workers share the machine's cores, so a rank's OpenBLAS gets one thread (launch.plan.thread_env keeps a
+    # variable already set): a second thread busy-waits between products, and beside other workers' ranks a 1-rank
+    # MLX run's two threads burnt 5x the CPU of one for the same products (the suite took 19 min 19 s against 14:45).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # MLX's OpenBLAS shim (workbench.adapters.mlx.blas) is compiled, once per machine, here rather than by the
     # first test that plans an MLX launch, which may be a one-process test (no compiler process allowed there).
     from workbench.adapters.mlx.blas import blas_choice, mlx_rank_env
