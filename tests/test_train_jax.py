@@ -7,6 +7,7 @@ batches from the same init, so each must reproduce DDP's loss curve step for ste
 import numpy as np
 import pytest
 
+from workbench.ranks.probes import TRUTH_SOURCE
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 
@@ -64,6 +65,8 @@ def test_rank_summaries_name_the_collective_path(jax_runs):
         for r in ranks:
             assert r["backend"] == "gloo" and r["collective_path"] == expected[strategy], (strategy, r)
             assert r["peak_rss_bytes"] > 0 and "jax" in r["versions"]
+            m = r["measured_memory"]  # the process's measured peak of a step, beside XLA's plan of it
+            assert m["truth_source"] == TRUTH_SOURCE and 0.75 < m["truth_peak"] / m["peak"] < 1.33, (strategy, m)
             if strategy in ("fsdp-row", "fsdp-flat"):  # one reduce-scatter and one all-gather per planned bucket
                 assert r["num_collectives"] == 2 * num_buckets(spec(strategy=strategy)), (strategy, r)
 

@@ -70,3 +70,42 @@ def package_versions() -> dict:
 
         out["mlx-blas"] = blas_in_use()
     return out
+
+
+#: How a JAX rank's measured peak (``truth_peak``) is read, where the kernel resets the resident high-water mark.
+TRUTH_SOURCE = "the last step's arguments + how far it raised VmHWM above VmRSS (clear_refs)"
+
+
+def xla_memory_stats(compiled) -> dict | None:
+    """XLA's ``memory_analysis()`` of the compiled step as ``{field: bytes}``, or None if unavailable."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # not every backend / version implements it (compile errors are not caught here)
+        return None
+    if stats is None:
+        return None
+    out = {k: int(getattr(stats, k)) for k in dir(stats) if k.endswith("_in_bytes") and not k.startswith("_")}
+    return out or None
+
+
+def jax_device_bytes(tree) -> int:
+    """Bytes of this process's one device's shard of every array in ``tree``."""
+    import jax
+
+    return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
+
+
+def jax_measured_memory(params, state, compiled_memory: dict | None, truth: int | None) -> dict:
+    """Bytes of this process's shards of the parameters and state; ``peak``, XLA's plan of the step (arguments +
+    outputs + temporaries - aliased); and ``truth_peak``, the process's measured peak over the last step (its
+    arguments + how far it raised ``VmHWM``), where the kernel resets the mark. On the validation LM at 2 ranks
+    the two agreed within 13% on every run and strategy, within 2% on most; the first step, whose one-off
+    buffers the plan leaves out, measured 16-55% above the plan."""
+    measured = {"parameters": jax_device_bytes(params), "optimizer_state": jax_device_bytes(state)}
+    if compiled_memory is not None:  # XLA's buffer plan of the step on this device
+        planned = sum(compiled_memory.get(f"{k}_size_in_bytes", 0) for k in ("argument", "output", "temp"))
+        measured["peak"] = planned - compiled_memory.get("alias_size_in_bytes", 0)
+        measured["peak_source"] = "XLA memory_analysis: arguments + outputs + temporaries - aliased"
+    if truth is not None:
+        measured.update(truth_peak=truth, truth_source=TRUTH_SOURCE)
+    return measured

@@ -128,18 +128,6 @@ def make_optimizer(spec) -> Any:
     return make_jax_optimizer(spec.optimizer, spec.learning_rate, weight_decay=spec.weight_decay)
 
 
-def _memory_stats(compiled) -> dict | None:
-    """XLA's ``memory_analysis()`` of the compiled step as ``{field: bytes}``, or None if unavailable."""
-    try:
-        stats = compiled.memory_analysis()
-    except Exception:  # not every backend / version implements it (compile errors are not caught here)
-        return None
-    if stats is None:
-        return None
-    out = {k: int(getattr(stats, k)) for k in dir(stats) if k.endswith("_in_bytes") and not k.startswith("_")}
-    return out or None
-
-
 def observed_collective_path(program_text: str, num_ranks: int) -> str:
     """The gradient collective a lowered step really contains: "all_to_all" (the FSDP step's reduce-scatter
     on CPU), "psum_scatter", "psum" or "none"."""
@@ -185,7 +173,9 @@ def train_jax(spec, handle) -> dict:
     from workbench.adapters.jax.accum import compiled_program_counts
     from workbench.adapters.jax.compile_cache import compile_cache_state as cache_state
     from workbench.adapters.jax.resident import ResidentStep
-    from workbench.ranks.probes import package_versions, peak_rss_bytes
+    from workbench.ranks.probes import (jax_device_bytes, jax_measured_memory, package_versions, peak_rss_bytes,
+                                        xla_memory_stats)
+    from workbench.ranks.profile_probe import rss_above
 
     # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
     mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("fsdp",))
@@ -203,14 +193,23 @@ def train_jax(spec, handle) -> dict:
     report_phase(handle, PHASE_COMPILE, rank)
     lowered = run.lower(p, state, batch_for_step(0))
     compiled = lowered.compile()  # compiles before step 0; a compile error surfaces here
-    compiled_memory = _memory_stats(compiled)
+    compiled_memory = xla_memory_stats(compiled)
     report_phase(handle, PHASE_STEP, rank)
+
+    def timed_step(p, state, batch):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(run(p, state, batch))
+        return out, time.perf_counter() - t0
+
+    truth = None
     for i in range(spec.steps):
         batch = batch_for_step(i)
-        t0 = time.perf_counter()
-        p, state, metrics = run(p, state, batch)
-        jax.block_until_ready((p, state, metrics["loss"], metrics["grad_norm"]))
-        elapsed = time.perf_counter() - t0
+        if i == spec.steps - 1:  # the step's peak measured (step 0's holds one-off buffers): arguments + VmHWM's rise
+            held = jax_device_bytes((p, state, batch))
+            above, ((p, state, metrics), elapsed) = rss_above(lambda: timed_step(p, state, batch))
+            truth = None if above is None else held + above
+        else:
+            (p, state, metrics), elapsed = timed_step(p, state, batch)
         loss = float(np.asarray(metrics["loss"].addressable_data(0)))
         handle.append_steps([{
             "step": i, "rank": rank, "loss": loss,
@@ -222,7 +221,7 @@ def train_jax(spec, handle) -> dict:
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"),
                "fingerprint_exchange_s": exchange_s, "initial_weights_sha256": fingerprint["initial_weights"],
                "collective_path": observed_collective_path(lowered.as_text(), size),
-               "measured_memory": _measured_memory(p, state, compiled_memory),
+               "measured_memory": jax_measured_memory(p, state, compiled_memory, truth),
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
                "compiled_collectives": compiled_program_counts(compiled.as_text()),
                "peak_rss_bytes": peak_rss_bytes(), "versions": package_versions(), "compile_cache": cache_state()}
@@ -301,20 +300,3 @@ def _check_batch_rows(batch, global_batch_size: int, rank: int, size: int) -> No
     if (held[0][0], held[-1][1]) != (rank * per_rank, (rank + 1) * per_rank):
         raise RuntimeError(f"rank {rank} holds batch rows {held}, not its rank_slice "
                            f"[{rank * per_rank}, {(rank + 1) * per_rank}); the mesh is not ordered by process.")
-
-
-def _measured_memory(params, state, compiled_memory: dict | None) -> dict:
-    """Bytes of this process's device shards of the parameters and state, and XLA's planned peak if known."""
-    import jax
-
-    def device_bytes(tree) -> int:  # this process's one device: its shard of every array
-        return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
-
-    measured = {"parameters": device_bytes(params), "optimizer_state": device_bytes(state)}
-    if compiled_memory is not None:  # XLA's buffer plan of the step on this device
-        measured["peak"] = (compiled_memory.get("argument_size_in_bytes", 0)
-                            + compiled_memory.get("output_size_in_bytes", 0)
-                            + compiled_memory.get("temp_size_in_bytes", 0)
-                            - compiled_memory.get("alias_size_in_bytes", 0))
-        measured["peak_source"] = "XLA memory_analysis: arguments + outputs + temporaries - aliased"
-    return measured
