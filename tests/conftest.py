@@ -282,10 +282,9 @@ def pytest_configure(config):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # MLX's OpenBLAS shim (workbench.adapters.mlx.blas) is compiled, once per machine, here rather than by the
     # first test that plans an MLX launch, which may be a one-process test (no compiler process allowed there).
-    from workbench.adapters.mlx.blas import blas_choice, mlx_rank_env
+    from workbench.adapters.mlx.blas import mlx_rank_env
 
-    if blas_choice() == "openblas":
-        mlx_rank_env()
+    mlx_rank_env()  # nothing to build where $WORKBENCH_MLX_BLAS says reference
 
 
 def pytest_unconfigure(config):

@@ -210,8 +210,6 @@ def busy(box: widgets.Box, status: widgets.HTML) -> Iterator[None]:
         box.remove_class(BUSY_CLASS)
 
 
-
-
 def watch_drawn(fw: go.FigureWidget) -> go.FigureWidget:
     """Note on ``fw`` when a browser has drawn it: plotly's widget code sends the drawn traces back after its
     first draw (``_js2py_traceDeltas``; its layout goes to ``_js2py_widget_layoutDelta``, a name plotly 7.1's
