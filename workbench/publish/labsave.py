@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-PLOTLY_MIME, PNG_MIME = "application/vnd.plotly.v1+json", "image/png"
+from workbench.core.formats import PLOTLY_MIME, PNG_MIME
+
 #: The PNG snapshot's width in CSS pixels: JupyterLab's output area in a 1400 px window. Height: the
 #: figure's own, else 360, jupyterlab-plotly's default.
 SNAPSHOT_WIDTH, DEFAULT_HEIGHT = 968, 360

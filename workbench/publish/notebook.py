@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.core import paths
+from workbench.core.formats import PLOTLY_MIME
 
 #: The hosts file for cross-host cells, and their launcher (see :attr:`NotebookSettings.hosts`).
 HOSTS_ENV, LAUNCHER_ENV = "WORKBENCH_HOSTS", "WORKBENCH_LAUNCHER"
@@ -141,7 +142,7 @@ def _reader_json_renderer():
 
     class ReaderJSONRenderer(MimetypeRenderer):
         def to_mimebundle(self, fig_dict):
-            return {"application/vnd.plotly.v1+json": reader_json(fig_dict)}
+            return {PLOTLY_MIME: reader_json(fig_dict)}
 
     return ReaderJSONRenderer()
 

@@ -7,8 +7,7 @@ import json
 import re
 from typing import Mapping
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-
+from workbench.core.formats import PLOTLY_MIME
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 

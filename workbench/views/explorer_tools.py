@@ -23,6 +23,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.core.chromium import chromium_for_kaleido
+from workbench.core.formats import PLOTLY_MIME
 from workbench.runs.atomic import replace_atomic, temp_beside, write_atomic
 from workbench.views.widget_sync import wrapping_row
 
@@ -68,10 +69,6 @@ def write_images(figures: Sequence[go.Figure], paths: Sequence[Path]) -> list[Pa
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
-
-
-#: The mimetype JupyterLab's plotly extension draws (no widget model: nothing races anywidget's 2 s start).
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
 class PinnedFigure(widgets.Output):
