@@ -8,7 +8,7 @@ physical limit is FSDP <= DDP - (1 - 1/N) x DDP's update; ``--phases`` prints it
 FSDP's step against its share of it.
 
     python3 benchmarks/bench_fsdp_step.py [--framework both|mlx|jax] [--ranks 2] [--steps 12] [--repeats 3]
-        [--phases] [--strategies ddp,fsdp-row,fsdp-flat]
+        [--phases] [--strategies ddp,fsdp-row,fsdp-flat] [--save runs.json | --load runs.json]
 
 JAX (``workbench.ranks.jax_step_timing``) runs the same model size, one CPU device per process,
 gloo collectives, jitted steps; FSDP on resident bucket buffers (``FsdpStep.step_buckets``);
@@ -26,6 +26,7 @@ its parts, each evaluated alone (``workbench.ranks.mlx_step_timing.phased_step``
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -83,7 +84,9 @@ def print_phases(framework: str, runs: list[list[dict]], args) -> None:
     """Each part's median ms per strategy (DDP's all-reduce in the reduce_scatter row), then the physical
     limit of issue 30, FSDP <= DDP - (1 - 1/N) x DDP's update, and by how much each term of FSDP's step
     exceeds its share of it: collectives (RS + AG - AR), gradient (- DDP's), update (- DDP's / N), packing
-    (- DDP's): the terms sum to FSDP's parts minus the limit."""
+    (- DDP's), and what the parts do not hold: the real step (the timed one, not cut) less the sum of its parts,
+    over DDP's (DDP's one lazy graph overlaps a bucket's all-reduce with the next bucket's work; a step that
+    evaluates bucket by bucket cannot). The terms sum to FSDP's real step minus the limit on DDP's real step."""
     r0 = runs[0][0]
     names = list(r0["phases_s"])
     longest = max((list(r0["phases_s"][name]) for name in names), key=len)  # FSDP's order of parts
@@ -108,27 +111,40 @@ def print_phases(framework: str, runs: list[list[dict]], args) -> None:
             row.append(f"{ms[name][part]:>{width}.1f}")
         print(f"{part:<16}" + "".join(row))
     print(f"{'sum of parts':<16}" + "".join(f"{sum(ms[name].values()):>{width}.1f}" for name in names))
+    timed = {name: name if name in r0["times_s"] else f"fsdp-{name}" for name in names}  # MLX's phases: by layout
+    real = {name: 1e3 * statistics.median(steady(ranks, "times_s", timed[name]) for ranks in runs)
+            for name in names if timed[name] in r0["times_s"]}
+    print(f"{'real step':<16}" + "".join(f"{real[name]:>{width}.1f}" if name in real else f"{'-':>{width}}"
+                                         for name in names))
+    print(f"{'real - parts':<16}" + "".join(f"{real[name] - sum(ms[name].values()):>{width}.1f}" if name in real
+                                            else f"{'-':>{width}}" for name in names))
     ddp = ms.get("ddp", {})
-    if "update" not in ddp:
+    if "update" not in ddp or "ddp" not in real:
         return
     n, total = args.ranks, sum(ddp.values())
     limit = total - (1 - 1 / n) * ddp["update"]
+    real_limit = real["ddp"] - (1 - 1 / n) * ddp["update"]
     grad = next((p for p in ("gradient", "grad") if p in ddp), None)
     fsdp = [name for name in names if not name.startswith("ddp")]
 
     def packing(m):  # JAX's pack and unpack (the pytree step's parts), MLX's bucket rows and rebuild
         return sum(v for p, v in m.items() if p in ("pack", "unpack", "rows", "rebuild"))
 
-    print(f"limit, DDP - (1 - 1/{n}) x update = {limit:.1f} ms ({limit / total:.3f} x DDP); "
-          "FSDP over the limit, by term (ms):")
+    print(f"limit, DDP - (1 - 1/{n}) x update = {limit:.1f} ms of parts ({limit / total:.3f} x DDP), "
+          f"{real_limit:.1f} ms of real step ({real_limit / real['ddp']:.3f} x DDP's); FSDP over the limit, by term (ms):")
     terms = {"collectives": lambda m: m.get("reduce_scatter", 0) + m.get("all_gather", 0) - ddp["reduce_scatter"],
              "gradient": lambda m: m.get(grad, 0) - ddp.get(grad, 0),
              "update": lambda m: m.get("update", 0) - ddp["update"] / n,
              "packing": lambda m: packing(m) - packing(ddp)}
+    overlap = {name: (real[name] - sum(ms[name].values())) - (real["ddp"] - total) for name in fsdp if name in real}
     print(f"{'':<16}" + "".join(f"{name:>{width}}" for name in fsdp))
     for term, excess in terms.items():
         print(f"{term:<16}" + "".join(f"{excess(ms[name]):>{width}.1f}" for name in fsdp))
+    print(f"{'not in parts':<16}" + "".join(f"{overlap[name]:>{width}.1f}" if name in overlap else f"{'-':>{width}}"
+                                            for name in fsdp))
     print(f"{'sum / DDP':<16}" + "".join(f"{sum(ms[name].values()) / total:>{width}.3f}" for name in fsdp))
+    print(f"{'real / DDP':<16}" + "".join(f"{real[name] / real['ddp']:>{width}.3f}" if name in real else f"{'-':>{width}}"
+                                          for name in fsdp))
 
 
 def main() -> None:
@@ -142,14 +158,23 @@ def main() -> None:
     parser.add_argument("--communication-size", type=int, default=32 * 2**20)
     parser.add_argument("--strategies", default="ddp,fsdp-row,fsdp-flat")
     parser.add_argument("--phases", action="store_true", help="also time each step part by part")
+    parser.add_argument("--save", type=Path, help="also write every rank's record of every repeat to this JSON file")
+    parser.add_argument("--load", type=Path, help="print the tables of a file --save wrote (with the same "
+                                                   "--ranks/--steps/--phases) instead of running")
     args = parser.parse_args()
-    frameworks = ["mlx", "jax"] if args.framework == "both" else [args.framework]
-    runs: dict[str, list[list[dict]]] = {fw: [] for fw in frameworks}
-    for rep in range(args.repeats):  # the frameworks alternate too, so load drift hits both alike
-        for fw in frameworks:
-            with tempfile.TemporaryDirectory() as tmp:
-                runs[fw].append(run_once(args, fw, Path(tmp)))
-            print(f"repeat {rep + 1}/{args.repeats} {fw} done", flush=True)
+    if args.load:
+        runs = json.loads(args.load.read_text())
+        frameworks = list(runs)
+    else:
+        frameworks = ["mlx", "jax"] if args.framework == "both" else [args.framework]
+        runs = {fw: [] for fw in frameworks}
+        for rep in range(args.repeats):  # the frameworks alternate too, so load drift hits both alike
+            for fw in frameworks:
+                with tempfile.TemporaryDirectory() as tmp:
+                    runs[fw].append(run_once(args, fw, Path(tmp)))
+                print(f"repeat {rep + 1}/{args.repeats} {fw} done", flush=True)
+        if args.save:
+            args.save.write_text(json.dumps(runs))
     ratios = {fw: ratio_table(fw, runs[fw], args) for fw in frameworks}
     if "mlx" in runs:
         r0 = runs["mlx"][0][0]
