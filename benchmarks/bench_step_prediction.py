@@ -2,7 +2,7 @@
 
 For each framework and rank count it first times the collectives on real engines (the collective benchmark,
 :func:`workbench.launch.benchmark.run_collective_benchmark`, sizes 4 KiB to 4 MiB, which span these models'
-buckets) and fits the alpha-beta links of this placement (loopback); it profiles each model once, on one
+buckets) and fits the alpha-beta links of this placement (loopback), one per rank count; it profiles each model once, on one
 process, with the threads a rank gets, as many processes at once as a run has ranks on this host (its
 trainer's step timed too: the step's overhead, :attr:`workbench.runs.profile.ModelProfile.step_overhead_s`)
 (:func:`workbench.launch.profile.profile_model`); then it runs every
@@ -76,9 +76,11 @@ def main() -> None:
     for fw in frameworks:
         for n in ranks:
             run_collective_benchmark(root / "collectives", fw, n, sizes_bytes=LINK_SIZES, iters=5)
-    links = fit_links(load_collective_benchmarks(root / "collectives"))
+    benchmarks = load_collective_benchmarks(root / "collectives")
+    links = {n: fit_links(benchmarks, num_ranks=n) for n in ranks}  # one link per rank count, never mixed
     print(f"links fitted ({time.monotonic() - t0:.0f} s); {load()}", flush=True)
-    print(links_table(links).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
+    for n in ranks:
+        print(f"{n} ranks:\n" + links_table(links[n]).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
     for fw in frameworks:
         for model in args.models.split(","):
             for n in ranks:
@@ -91,7 +93,7 @@ def main() -> None:
                           f"measured, {profile.co_runners} at once, compute {profile.compute_s_at(spec.micro_batch_size) * 1e3:.1f} "
                           f"ms, step overhead {'-' if over is None else f'{over * 1e3:.1f} ms'}); {load()}", flush=True)
     loaded = load_runs(root)
-    table = step_time_validation(loaded, lambda s: profile_model(RunSpec(**s), root), links)
+    table = step_time_validation(loaded, lambda s: profile_model(RunSpec(**s), root), lambda s: links[s["num_ranks"]])
     peaks = {}
     for _, run in loaded.runs[loaded.runs.status == "done"].iterrows():
         spec = spec_from_row(run)

@@ -222,3 +222,33 @@ def test_a_profile_measured_by_as_many_processes_as_ranks_per_host_holds_their_c
     with pytest.raises(ValueError, match="slowdown=0"):
         predict_step_time(compute_s_per_microbatch=0.1, num_microbatches=1, update_s_per_param_byte=0.0,
                           update_param_bytes=0, slowdown=0)
+
+
+def test_links_are_fitted_at_one_rank_count_and_a_mixed_table_is_refused_naming_the_counts():
+    """4 ranks on 2 cores fitted alpha 5.0 ms per ring step where 2 ranks fitted 39 us (MLX's ranks poll their
+    sockets): one fit over both priced the 4-rank steps 2-19x under their measure (issue 26)."""
+    from workbench.studies.step_time import fit_links
+
+    truth = {2: AlphaBeta(40e-6, 2e9), 4: AlphaBeta(5e-3, 1e8)}
+    rows = [{"framework": "mlx", "kind": "all_gather", "num_ranks": n, "placement": "loopback",
+             "rank_bytes": b, "num_steps": n - 1, "time_s": link.predict_s(b, n - 1)}
+            for n, link in truth.items() for b in (2.0**k for k in range(12, 23, 2))]
+    table = pd.DataFrame(rows)
+    for n, link in truth.items():
+        fitted = fit_links(table, num_ranks=n)[("mlx", "all_gather")]
+        assert fitted.alpha_s == pytest.approx(link.alpha_s, rel=1e-3)
+        assert fitted.beta_bytes_per_s == pytest.approx(link.beta_bytes_per_s, rel=1e-3)
+    with pytest.raises(ValueError, match=r"\[2, 4\] ranks.*num_ranks"):
+        fit_links(table)
+
+
+def test_step_time_validation_takes_each_runs_links_from_a_function_of_its_spec(tmp_path):
+    ddp = RunSpec(framework="mlx", strategy="ddp", num_ranks=2, global_batch=8, model=LM, steps=4)
+    profile = profile_of(ddp)
+    stored_run(tmp_path, ddp, predict_run_step_time(ddp, profile, LINKS).total_s)
+    slow = {kind: AlphaBeta(10 * link.alpha_s, link.beta_bytes_per_s / 10) for kind, link in LINKS.items()}
+    asked = []
+    table = step_time_validation(load_runs(tmp_path), profile, lambda s: asked.append(s["num_ranks"]) or slow)
+    assert asked == [2]
+    assert table.predicted_ms.iloc[0] == pytest.approx(predict_run_step_time(ddp, profile, slow).total_s * 1e3)
+    assert table.predicted_ms.iloc[0] > step_time_validation(load_runs(tmp_path), profile, LINKS).predicted_ms.iloc[0]

@@ -266,7 +266,8 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
         loaded: :func:`workbench.runs.tables.load_runs` of a run store.
         profile_of: The profile of a run's model: a callable taking the run's spec dict (e.g.
             ``lambda s: profile_model(RunSpec(**s), root)``), or one profile for every run.
-        links: The placement's fitted links (:func:`predict_run_step_time`).
+        links: The placement's fitted links (:func:`predict_run_step_time`), or a callable taking the run's spec
+            dict and giving them (the links of its rank count: ``fit_links(table, num_ranks=...)``).
         per_bucket_s: Seconds per synced bucket beyond its collectives (the bucket-size advisor's).
         warmup_steps: Steps left out before the median.
         tolerance: The target, relative to the prediction (held on a quiet machine).
@@ -289,7 +290,8 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
     for _, run in (runs[runs.status == "done"] if "status" in runs else runs.iloc[0:0]).iterrows():
         spec = spec_from_row(run)
         profile = profile_of(spec) if callable(profile_of) else profile_of
-        p = predict_run_step_time(spec, profile, links, model_shapes=run.get("model_shapes"), per_bucket_s=per_bucket_s)
+        p = predict_run_step_time(spec, profile, links(spec) if callable(links) else links,
+                                  model_shapes=run.get("model_shapes"), per_bucket_s=per_bucket_s)
         mine = steps[(steps.run_id == run.run_id) & (steps.step >= warmup_steps)]
         step_s = float(mine.groupby("step").step_time_s.max().median())
         sync = mine.sync_time_s if "sync_time_s" in mine and mine.sync_time_s.notna().any() else None
