@@ -20,7 +20,7 @@ STRATEGIES = NAMES  # every registered strategy can be estimated (workbench.stra
 #: Optimizer states kept per parameter (SGD none, momentum one buffer, Adam/AdamW m and v).
 OPTIMIZER_NUM_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 #: What a ZeRO-3 unit's backward holds beside the states (``unit_buffers``; see estimate_memory).
-UNIT_BUFFERS = ("parameters_and_gradients", "mlx", "sum_scatter_ring")
+UNIT_BUFFERS = ("parameters_and_gradients", "mlx", "sum_scatter_ring", "whole_model")
 
 
 def count_knob(knob: str, value: object, minimum: int = 0) -> int:
@@ -119,7 +119,11 @@ class MemoryKnobs:
             (without resharding: MLX's ``fully_shard`` on ring or MPI, ``sum_scatter`` supplied by the workbench's
             ring reduce-scatter): beside every gathered unit and the largest unit's gradient, the reduce-scatter's
             buffers: ``U gb (1 + 1/N)`` at 2 ranks (the exchange's two rows and the sum), ``2 U gb / N`` above (the
-            ring's chunks in flight). Measured: ``tests/test_fully_shard_runs.py``.
+            ring's chunks in flight). Measured: ``tests/test_fully_shard_runs.py``. ``"whole_model"`` (JAX's
+            ZeRO-3 step as XLA compiles it): every unit gathered at once and kept through backward, with the
+            full gradient before its reduce-scatter, ``psi * (pb + gb)``; XLA's schedule issues the units'
+            all-gathers together, so the step's peak is the whole model's, as a model of one unit (XLA's
+            ``memory_analysis`` and the rank's VmHWM: :func:`~workbench.runs.estimate.estimate_run_memory`).
     """
 
     strategy: str = "fsdp"

@@ -221,6 +221,10 @@ def _unit_row(k: MemoryKnobs, b: _Bytes, spec: ModelSpec | None, psi_d: int) -> 
         return MemoryComponent("gathered_unit", psi_d * pb + psi_d * gb - -(-psi_d * gb // n),
                                "deferred sync: all gathered parameters + the micro-batch's full gradient beyond "
                                "its 1/N")
+    if k.unit_buffers == "whole_model":  # XLA gathers every unit at once: the model's peak, as one unit's
+        return MemoryComponent("gathered_unit", psi_d * (pb + gb),
+                               "every unit gathered at once (XLA's schedule) + the full gradient before its "
+                               "reduce-scatter")
     if k.units is not None:
         largest = max(k.units.values(), default=0)
     elif k.bucket_plan is not None:

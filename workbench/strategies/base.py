@@ -56,7 +56,9 @@ class Implementation:
         norm: When a run's step all-reduces the squared norm of its gradient shards (:data:`NORM_POLICIES`;
             MLX runs always ask for the norm, to record it).
         unit_buffers: What a resharded unit holds in backward, for the memory model
-            (``"parameters_and_gradients"``, or ``"mlx"``: MLX's gathered bucket and its rebuilt copies).
+            (``"parameters_and_gradients"``; ``"mlx"``: MLX's gathered bucket and its rebuilt copies;
+            ``"whole_model"``: JAX's ZeRO-3 as XLA schedules it, every unit gathered at once and nothing saved by
+            recomputing; :data:`~workbench.estimate.knobs.UNIT_BUFFERS`).
         defers_sync: With G > 1 micro-batches, the step can sync once, after the last (False: every
             micro-batch's backward syncs, as ``fully_shard``'s custom VJP does).
         update_copies: What the step writes beside the arrays it updates, or keeps beside them for the run
