@@ -65,6 +65,11 @@ class MemoryKnobs:
             result; all-gather B/N and B. Under ZeRO-3 the buckets are the units and these buffers
             are the gathered unit.
         shard_plan: Its worst rank's padding elements, times the bytes of every sharded state.
+        sync_in_place: DDP: the gradients are all-reduced array by array in place (JAX's jitted DDP step: one
+            ``psum`` per array, whose result XLA writes over the dead gradient), so there is neither an averaged
+            copy beside them (``reduced_gradients``) nor a concatenated bucket (``all_reduce_buffer``).
+            Measured on the validation LM at 2 ranks: XLA's plan 84.8 MiB, the rank's VmHWM 86.7 MiB; 91.3 MiB
+            predicted in place, 105.8 MiB with both buffers. Default False (MLX's ``average_gradients``).
         reshard_after_forward: ZeRO-3/HSDP: True holds one gathered unit (its parameters, and its
             full gradient before the reduce-scatter: DeepSpeed's 4 B x largest layer in 16 bit);
             False keeps all gathered parameters until backward. FSDP2's prefetch adds one unit more.
@@ -146,12 +151,15 @@ class MemoryKnobs:
     defer_sync: bool = True
     expert_parallel: int | None = None
     unit_buffers: str = "parameters_and_gradients"
+    sync_in_place: bool = False
 
     def __post_init__(self) -> None:
         get_strategy(self.strategy)  # an unknown name lists the registered ones
         _choice("optimizer", self.optimizer, OPTIMIZER_NUM_STATES)
         _choice("update_copies", self.update_copies, UPDATE_COPIES)
         _choice("unit_buffers", self.unit_buffers, UNIT_BUFFERS)
+        if not isinstance(self.sync_in_place, bool):
+            raise ValueError(f"sync_in_place must be True or False, got {self.sync_in_place!r}.")
         n, r = integer("num_shards", self.num_shards, low=1), integer("num_replicas", self.num_replicas, low=1)
         if not self.record.replicas and r != 1:
             raise ValueError(f"num_replicas={r} applies to a replicated strategy "

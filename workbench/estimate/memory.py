@@ -188,8 +188,9 @@ def _step_rows(k: MemoryKnobs, b: _Bytes, psi: int, psi_e: int) -> list[MemoryCo
     sp, _, so = k.sharded
     copies = k.update_copies != "none"  # a new parameter tree beside the old
     state_copies = k.update_copies == "parameters_and_state"
+    averaged_copy = copies and k.record.family == "data_parallel" and not k.sync_in_place
     rows = [
-        _state(k, psi, psi_e, "reduced_gradients", b.grad if copies and k.record.family == "data_parallel" else 0, False,
+        _state(k, psi, psi_e, "reduced_gradients", b.grad if averaged_copy else 0, False,
                "averaged gradients beside the local ones"),
         _state(k, psi, psi_e, "updated_parameters", b.param if copies else 0, sp, "new parameters beside the old"),
         _state(k, psi, psi_e, "updated_optimizer_state", b.master + b.optimizer + b.accum if state_copies else 0, so,
@@ -200,7 +201,7 @@ def _step_rows(k: MemoryKnobs, b: _Bytes, psi: int, psi_e: int) -> list[MemoryCo
     if plan is not None:
         big = int(plan.bucket_elems.max()) if plan.num_buckets else 0
         if k.record.family == "data_parallel":
-            ar = big * b.grad
+            ar = 0 if k.sync_in_place else big * b.grad
         elif not sp:
             rs, ag = big * b.grad + -(-big * b.grad // n), big * b.param + -(-big * b.param // n)
     return rows + [MemoryComponent("all_reduce_buffer", ar, "largest bucket, concatenated (its all-reduced copy "

@@ -123,6 +123,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
         shard_plan=shard_plan, update_copies=record.update_copies(fields["framework"]),
         num_microbatches=g, defer_sync=defer, reshard_after_forward=record.reshard_after_forward, units=units,
         unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
+        sync_in_place=impl is not None and impl.sync_per == "array",  # JAX's DDP: one psum per array, in place
         activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), recompute))
 
 
