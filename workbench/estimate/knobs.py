@@ -158,8 +158,6 @@ class MemoryKnobs:
         _choice("optimizer", self.optimizer, OPTIMIZER_NUM_STATES)
         _choice("update_copies", self.update_copies, UPDATE_COPIES)
         _choice("unit_buffers", self.unit_buffers, UNIT_BUFFERS)
-        if not isinstance(self.sync_in_place, bool):
-            raise ValueError(f"sync_in_place must be True or False, got {self.sync_in_place!r}.")
         n, r = integer("num_shards", self.num_shards, low=1), integer("num_replicas", self.num_replicas, low=1)
         if not self.record.replicas and r != 1:
             raise ValueError(f"num_replicas={r} applies to a replicated strategy "
@@ -170,7 +168,7 @@ class MemoryKnobs:
                              f"({self.world_size}).")
         count_knob("activation_bytes", self.activation_bytes)
         integer("num_microbatches", self.num_microbatches, low=1)
-        for name in ("defer_sync", "reshard_after_forward"):
+        for name in ("defer_sync", "reshard_after_forward", "sync_in_place"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
         if self.expert_parallel is not None:
