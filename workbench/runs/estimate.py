@@ -110,7 +110,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     impl = next((i for i in record.implementations if i.framework == fields["framework"]), None)
     # JAX's ZeRO-3 (unit_buffers "whole_model"): XLA gathers every unit at once, so its jax.checkpoint saves nothing
     # at the peak: on the validation LM at 2 ranks XLA's plan is 66.3 MiB and the rank's VmHWM 77.5 MiB, where
-    # per-unit gathers with recomputed blocks predicted 45.6 MiB, and the whole model's 71.7 MiB.
+    # per-unit gathers with recomputed blocks predicted 45.6 MiB, and the whole model gathered 61.8 MiB.
     recompute = record.gathers_units and record.reshard_after_forward and not (g > 1 and defer) and \
         (impl is None or impl.unit_buffers != "whole_model")
     # fully_shard's units are the modules its trainer wraps (each block, then the root): every unit's weights
