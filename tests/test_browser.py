@@ -372,20 +372,26 @@ def lab_tree(url: str, path: str) -> str:
     return f"{url}/lab/workspaces/{re.sub(r'[^A-Za-z0-9]+', '-', path).strip('-')}/tree/{path}"
 
 
-def wait_for_kernel(page, url: str, timeout_s: float = 120, notebook: str = "01_bucket_layouts.ipynb") -> None:
+def wait_for_kernel(page, url: str, timeout_s: float = 180, notebook: str = "01_bucket_layouts.ipynb") -> None:
     """Until the server reports the notebook's kernel idle; should JupyterLab ask which kernel to
-    start, take the one the notebook names (the accept button)."""
+    start, take the one the notebook names (the accept button). On timeout the error says what the server
+    last listed for the notebook and which dialogs the page shows (CI once timed out at 120 s on a 2-core
+    machine with a 20-run sweep beside it, and said neither)."""
     deadline = time.monotonic() + timeout_s
+    seen = None
     while time.monotonic() < deadline:
         dialog = page.locator(".jp-Dialog:has-text('Select Kernel') button.jp-mod-accept")
         if dialog.count():
             dialog.click()
         sessions = json.load(urllib.request.urlopen(f"{url}/api/sessions", timeout=5))
-        if any(s["path"] == notebook and s["kernel"]["execution_state"] == "idle"
-               for s in sessions):
+        mine = [s for s in sessions if s["path"] == notebook]
+        seen = [(s["kernel"]["name"], s["kernel"]["execution_state"]) for s in mine] or seen
+        if any(s["kernel"]["execution_state"] == "idle" for s in mine):
             return
         page.wait_for_timeout(500)
-    raise TimeoutError(f"no idle kernel for {notebook} after {timeout_s:.0f} s")
+    dialogs = page.locator(".jp-Dialog").all_inner_texts()
+    raise TimeoutError(f"no idle kernel for {notebook} after {timeout_s:.0f} s; the server last listed "
+                       f"{seen or 'no session'} for it; dialogs on the page: {dialogs or 'none'}")
 
 
 def bucket_counts(page, timeout_s: float = 30) -> tuple[int, int]:
