@@ -58,6 +58,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_deck_findings": (),
     "test_driver_faults": ENGINES,
     "test_engine_death": ENGINES,
+    "test_engine_pool": ENGINES,
     "test_engines": ENGINES,
     "test_examples": (),
     "test_explorer_export": (PROCESS,),

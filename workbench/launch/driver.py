@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from workbench.launch.engines import EngineFailure, EngineRun
+from workbench.launch.pool import EnginePool
 from workbench.launch.remote import Placement
 from workbench.ranks.entry import train_rank
 from workbench.ranks.phases import PHASE_MODEL, PHASE_STEP, PHASES, read_phases
@@ -208,7 +209,7 @@ class _Attempt:
 def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float = 60.0, startup_timeout_s: float = 180.0,
                  timeout_s: float = 3600.0, progress: Callable[[int], None] | None = None,
                  on_engines: Callable[[EngineRun], None] | None = None, skip_done: bool = True,
-                 hosts: Any = None, launcher: str = "ssh") -> RunOutcome:
+                 hosts: Any = None, launcher: str = "ssh", pool: EnginePool | None = None) -> RunOutcome:
     """Run ``spec`` on ``spec.num_ranks`` local engines and record it under ``runs_root``.
 
     The run is owned by this process while it runs (:mod:`workbench.runs.lock`); if the driver dies,
@@ -227,6 +228,9 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
             :func:`workbench.launch.hosts.load_hosts`'s result, or a :class:`~workbench.launch.remote.Placement`):
             engines on those hosts, and every rank's result in the record names its host (``"placement"``).
         launcher: With ``hosts``: ipyparallel's ``"ssh"``, ``"mpi"`` or ``"slurm"`` launcher.
+        pool: Engines kept between runs (:class:`~workbench.launch.pool.EnginePool`; a sweep's): the run takes
+            the held engines if they are of its ranks and framework, and leaves its own there when it is done.
+            Local runs only: with ``hosts`` it is not used.
 
     Returns:
         A :class:`RunOutcome`; a failed run is recorded as failed (steps kept), not raised.
@@ -243,6 +247,9 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         if fn is not None and not callable(fn):
             raise ValueError(f"{name}={fn!r}: must be callable or None.")
     placement = Placement.of(hosts, launcher)  # a bad hosts file or launcher is refused before the record exists
+    if pool is not None and not isinstance(pool, EnginePool):
+        raise ValueError(f"pool={pool!r}: must be an EnginePool or None.")
+    runner = pool.run if pool is not None and placement.hosts is None else placement.runner()
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):
@@ -261,7 +268,7 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     handle = store.create(spec_dict, meta=meta,
                           overwrite=not skip_done)
     try:
-        return _run(_Attempt(spec, store, handle, limits, deadline, progress, on_engines, placement.runner()))
+        return _run(_Attempt(spec, store, handle, limits, deadline, progress, on_engines, runner))
     finally:
         handle.release()
 

@@ -9,12 +9,14 @@ events (:func:`workbench.core.events.emit`: what a build's log and a terminal re
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from workbench.core.events import emit
 from workbench.launch.driver import RunOutcome, run_training
+from workbench.launch.pool import EnginePool
 from workbench.runs.labels import run_label
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, run_id_for
@@ -79,10 +81,21 @@ EVENT_EVERY_S = 0.5
 
 
 def run_specs(specs: Iterable[RunSpec], runs_root: Path | str, *, watcher: SweepWatcher | None = None,
-              train: Callable[..., RunOutcome] = run_training, **run_kwargs) -> list[RunOutcome]:
+              train: Callable[..., RunOutcome] = run_training, reuse_engines: bool = True,
+              **run_kwargs) -> list[RunOutcome]:
     """Train each spec in turn (``train``: :func:`~workbench.launch.driver.run_training`, given ``run_kwargs``),
-    skipping those stored and done, going on after a failure; returns one outcome per spec, in order."""
-    specs, root = list(specs), Path(runs_root)
+    skipping those stored and done, going on after a failure; returns one outcome per spec, in order.
+
+    ``reuse_engines``: consecutive local runs of the same ranks and framework share their engines
+    (:class:`~workbench.launch.pool.EnginePool`, stopped when the sweep ends); ``False`` starts fresh ones a run."""
+    with contextlib.ExitStack() as scope:
+        if reuse_engines and train is run_training and "pool" not in run_kwargs:
+            run_kwargs["pool"] = scope.enter_context(EnginePool())
+        return _run_each(list(specs), Path(runs_root), watcher, train, run_kwargs)
+
+
+def _run_each(specs: list[RunSpec], root: Path, watcher: SweepWatcher | None, train: Callable[..., RunOutcome],
+              run_kwargs: dict) -> list[RunOutcome]:
     last_event = [0.0]
     clock, outcomes = SweepClock(len(specs)), []
     for spec in specs:
@@ -103,7 +116,7 @@ def run_specs(specs: Iterable[RunSpec], runs_root: Path | str, *, watcher: Sweep
                 emit("run_steps", index=clock.index, runs=clock.num_runs, done=min(steps_done, spec.steps),
                      steps=spec.steps, eta_run_s=eta_run, eta_sweep_s=eta_sweep)
 
-        outcome = train(spec, runs_root, progress=progress, **run_kwargs)
+        outcome = train(spec, root, progress=progress, **run_kwargs)
         clock.run_ended(outcome.status, outcome.seconds)
         emit("run_end", index=clock.index, runs=clock.num_runs, label=label, status=outcome.status,
              seconds=outcome.seconds, error=outcome.error, run_id=outcome.run_id)

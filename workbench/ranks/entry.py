@@ -35,11 +35,28 @@ def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple
     handle = RunStore(Path(runs_root)).open(run_id)
     report_phase(handle, PHASE_SPEC)
     spec = RunSpec(**spec_dict)
+    drop_last_run(spec.framework)
     if spec.framework == "mlx":
         return train_mlx(spec, handle)
     from workbench.ranks.train_jax import train_jax
 
     return train_jax(spec, handle)
+
+
+def drop_last_run(framework: str) -> None:
+    """What an earlier run on this engine left (a sweep's :class:`~workbench.launch.pool.EnginePool` hands engines
+    on): its objects collected, MLX's buffer cache emptied, and the high-water mark of resident memory set to
+    now, so that the peaks this run records are its own."""
+    import gc
+
+    from workbench.ranks.profile_probe import reset_high_water_mark
+
+    gc.collect()
+    if framework == "mlx":
+        import mlx.core as mx
+
+        mx.clear_cache()
+    reset_high_water_mark()
 
 
 def check_model_main() -> None:

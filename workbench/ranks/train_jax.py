@@ -158,7 +158,8 @@ def train_jax(spec, handle) -> dict:
         per step by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``, as the step asks
         for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
         combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions", "fingerprint_exchange_s",
-        "initial_weights_sha256" (compared before step 0), "compile_cache" (folder, compiles read back, compiled)}``
+        "initial_weights_sha256" (compared before step 0), "compile_cache" (folder, and this run's compiles read
+        back and compiled: an engine a sweep's pool hands on counts from its earlier runs)}``
         and ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes) when XLA reports it.
     """
     from workbench.ranks.phases import PHASE_AGREE, PHASE_COMPILE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
@@ -176,6 +177,8 @@ def train_jax(spec, handle) -> dict:
     from workbench.ranks.probes import (jax_device_bytes, jax_measured_memory, package_versions, peak_rss_bytes,
                                         xla_memory_stats)
     from workbench.ranks.profile_probe import rss_above
+
+    cache_at_start = cache_state()
 
     # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
     mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("fsdp",))
@@ -224,7 +227,8 @@ def train_jax(spec, handle) -> dict:
                "measured_memory": jax_measured_memory(p, state, compiled_memory, truth),
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
                "compiled_collectives": compiled_program_counts(compiled.as_text()),
-               "peak_rss_bytes": peak_rss_bytes(), "versions": package_versions(), "compile_cache": cache_state()}
+               "peak_rss_bytes": peak_rss_bytes(), "versions": package_versions(),
+               "compile_cache": {**cache_state(), **{k: cache_state()[k] - cache_at_start[k] for k in ("hits", "misses")}}}
     if compiled_memory is not None:
         summary["compiled_memory"] = compiled_memory
     return summary
