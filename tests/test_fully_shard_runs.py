@@ -42,10 +42,10 @@ RING = {"ddp-2": dict(strategy="ddp"), "fully-shard-2": {},
 
 
 @pytest.fixture(scope="module")
-def ring(tmp_path_factory, shared_runs):
+def ring(tmp_path_factory, shared_runs, engine_pool):
     root = tmp_path_factory.mktemp("fully-shard-runs")
     # ddp-2 is test_validation's MLX DDP run; ddp-2 and fully-shard-2 are notebook 03's too (tests/conftest.py)
-    outcomes = {name: shared_runs.run(spec(**kw), root) for name, kw in RING.items()}
+    outcomes = {name: shared_runs.run(spec(**kw), root, pool=engine_pool) for name, kw in RING.items()}
     assert {o.status for o in outcomes.values()} == {"done"}, {k: o.error for k, o in outcomes.items()}
     return {name: o.run_id for name, o in outcomes.items()}, load_runs(root)
 

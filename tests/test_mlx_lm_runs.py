@@ -29,9 +29,9 @@ def spec(model, strategy):
 
 
 @pytest.fixture(scope="module")
-def mlx_lm_runs(tmp_path_factory):
+def mlx_lm_runs(tmp_path_factory, engine_pool):
     root = tmp_path_factory.mktemp("mlx-lm")
-    outcomes = {(m, s): run_training(spec(m, s), root) for m in MODELS for s in STRATEGIES}
+    outcomes = {(m, s): run_training(spec(m, s), root, pool=engine_pool) for m in MODELS for s in STRATEGIES}
     profiles = {m: profile_model(spec(m, "ddp"), root) for m in MODELS}
     return root, outcomes, profiles
 

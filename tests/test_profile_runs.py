@@ -71,11 +71,11 @@ def test_a_real_profile_measures_activations_that_grow_with_the_micro_batch(tmp_
 
 
 @pytest.fixture(scope="module")
-def attention_runs(tmp_path_factory):
+def attention_runs(tmp_path_factory, engine_pool):
     root = tmp_path_factory.mktemp("attention")
     specs = [RunSpec(framework="mlx", strategy=s, num_ranks=2, steps=3, global_batch=16, model=ATTENTION,
                      model_factory="examples.tiny_attention_lm:mlx_factory") for s in ("ddp", "fsdp-row")]
-    outcomes = [run_training(s, root) for s in specs]
+    outcomes = [run_training(s, root, pool=engine_pool) for s in specs]
     assert [o.status for o in outcomes] == ["done", "done"], outcomes
     return root, profile_model(specs[0], root)  # 2 processes at once, as the 2 ranks ran
 

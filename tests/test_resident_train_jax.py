@@ -20,9 +20,9 @@ def spec(**kw):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, shared_runs):
+def runs(tmp_path_factory, shared_runs, engine_pool):
     root = tmp_path_factory.mktemp("runs")
-    outcomes = {s: shared_runs.run(spec(strategy=s), root) for s in STRATEGIES}
+    outcomes = {s: shared_runs.run(spec(strategy=s), root, pool=engine_pool) for s in STRATEGIES}
     assert {s: o.status for s, o in outcomes.items()} == dict.fromkeys(STRATEGIES, "done"), outcomes
     table = load_runs(root).runs.set_index("run_id")
     return {s: table.loc[o.run_id, "summary.ranks"] for s, o in outcomes.items()}

@@ -21,9 +21,9 @@ def spec(**kw):
 
 
 @pytest.fixture(scope="module")
-def jax_runs(tmp_path_factory, shared_runs):
+def jax_runs(tmp_path_factory, shared_runs, engine_pool):
     root = tmp_path_factory.mktemp("runs")
-    outcomes = {s: shared_runs.run(spec(strategy=s), root) for s in STRATEGIES}  # fsdp-row: test_jax_accum's G=1
+    outcomes = {s: shared_runs.run(spec(strategy=s), root, pool=engine_pool) for s in STRATEGIES}  # fsdp-row: test_jax_accum's G=1
     return root, outcomes
 
 

@@ -20,9 +20,9 @@ def spec(**kw):
 
 
 @pytest.fixture(scope="module")
-def mlx_runs(tmp_path_factory):
+def mlx_runs(tmp_path_factory, engine_pool):
     root = tmp_path_factory.mktemp("runs")
-    outcomes = {s: run_training(spec(strategy=s), root) for s in ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")}
+    outcomes = {s: run_training(spec(strategy=s), root, pool=engine_pool) for s in ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")}
     return root, outcomes
 
 
@@ -31,9 +31,9 @@ ACCUM = {(s, g, d): dict(strategy=s, num_microbatches=g, defer_sync=d)
 
 
 @pytest.fixture(scope="module")
-def accum_runs(mlx_runs):
+def accum_runs(mlx_runs, engine_pool):
     root, _ = mlx_runs
-    return {key: run_training(spec(**kw), root) for key, kw in ACCUM.items()}
+    return {key: run_training(spec(**kw), root, pool=engine_pool) for key, kw in ACCUM.items()}
 
 
 def test_strategies_converge_identically_and_are_stored(mlx_runs):

@@ -26,9 +26,9 @@ def user_spec(framework="mlx", **kw):
 
 
 @pytest.fixture(scope="module", params=["mlx", "jax"])
-def user_runs(request, tmp_path_factory):
+def user_runs(request, tmp_path_factory, engine_pool):
     root = tmp_path_factory.mktemp(f"user-{request.param}")
-    outcomes = {s: run_training(user_spec(request.param, strategy=s), root) for s in STRATEGIES}
+    outcomes = {s: run_training(user_spec(request.param, strategy=s), root, pool=engine_pool) for s in STRATEGIES}
     return request.param, root, outcomes
 
 

@@ -16,10 +16,10 @@ def spec(framework, strategy, **kw):
 
 
 @pytest.fixture(scope="module")
-def validated(tmp_path_factory, shared_runs):
+def validated(tmp_path_factory, shared_runs, engine_pool):
     root = tmp_path_factory.mktemp("runs")
     runs = [("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"), ("jax", "ddp"), ("jax", "fsdp-full")]
-    outcomes = {r: shared_runs.run(spec(*r), root) for r in runs}  # trained once a session, whoever asks first
+    outcomes = {r: shared_runs.run(spec(*r), root, pool=engine_pool) for r in runs}  # trained once a session, whoever asks first
     assert {o.status for o in outcomes.values()} == {"done"}, {r: o.error for r, o in outcomes.items()}
     loaded = load_runs(root)
     return loaded, memory_validation(loaded)
