@@ -98,15 +98,19 @@ def test_a_failed_run_fails_the_build_naming_the_run(tmp_path):
 
 
 def test_interrupted_build_continues_where_it_stopped(tmp_path):
-    nb = sweep_notebook(tmp_path / "04_long.ipynb", steps=40)
+    # 200 steps: the second run, on the engines the first one leaves (a sweep's pool), takes seconds, not one
+    nb = sweep_notebook(tmp_path / "04_long.ipynb", steps=200)
     proc = build(tmp_path, nb, wait=False)
     seen = ""
     deadline = time.monotonic() + 300
-    while "run 1/2" not in seen or "done in" not in seen:  # the first run is stored, the second under way
+    while "run 2/2" not in seen:  # the first run is stored, the second started
         line = proc.stdout.readline()
         assert line and time.monotonic() < deadline, seen
         seen += line
-    time.sleep(1)
+    steps = tmp_path / "runs" / "build-test"
+    while not any(p.stat().st_size for p in steps.glob("mlx-fsdp_flat-*/steps.jsonl")):  # and under way
+        assert proc.poll() is None and time.monotonic() < deadline, seen
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (seen + out, err)

@@ -31,13 +31,14 @@ def stored(root, run_id) -> tuple[dict, list[int]]:
 
 
 def test_a_sweep_reuses_its_engines_and_each_run_stores_what_fresh_engines_store(tmp_path):
-    specs = [spec(strategy="fsdp-row"), spec(strategy="ddp"), spec(framework="jax", strategy="fsdp-row")]
+    specs = [spec(strategy="fsdp-row"), spec(strategy="ddp"), spec(framework="jax", strategy="fsdp-row"),
+             spec(framework="jax", strategy="ddp")]
     pids = []
     with EnginePool() as pool:
         outcomes = run_specs(specs, tmp_path / "pooled", pool=pool, on_engines=lambda e: pids.append(dict(e.pids)))
-        assert [o.status for o in outcomes] == ["done"] * 3, [o.error for o in outcomes]
-        assert (pool.starts, pool.reuses) == (2, 1)  # MLX's engines once, handed to the second run; JAX's own
-        assert pids[0] == pids[1] != pids[2]
+        assert [o.status for o in outcomes] == ["done"] * 4, [o.error for o in outcomes]
+        assert (pool.starts, pool.reuses) == (3, 1)  # MLX's engines once, handed to the second run; JAX's a run
+        assert pids[0] == pids[1] != pids[2] != pids[3]
         assert outcomes[1].engines_ready_s == 0.0 < outcomes[0].engines_ready_s
     time.sleep(0.5)
     assert not [p for ranks in pids for p in ranks.values() if psutil.pid_exists(p) and
@@ -53,16 +54,20 @@ def test_a_sweep_reuses_its_engines_and_each_run_stores_what_fresh_engines_store
     assert all(abs(a - b) <= 4096 for a, b in zip(pooled_peaks, fresh_peaks)), (pooled_peaks, fresh_peaks)
 
 
-def test_a_failed_runs_engines_are_stopped_and_the_next_run_starts_fresh_ones(tmp_path):
-    killed = []
+def test_failed_runs_and_dead_engines_are_never_handed_on(tmp_path):
+    held = []
 
     def kill_rank_one(engines):
-        killed.append(engines.pids[1])
         os.kill(engines.pids.pop(1), signal.SIGKILL)
 
     with EnginePool() as pool:
         failed = run_training(spec(steps=50), tmp_path, pool=pool, on_engines=kill_rank_one)
         assert failed.status == "failed" and failed.rank == 1, failed
-        after = run_training(spec(strategy="fsdp-row"), tmp_path, pool=pool)
+        after = run_training(spec(strategy="fsdp-row"), tmp_path, pool=pool, on_engines=held.append)
         assert after.status == "done", after.error
-        assert (pool.starts, pool.reuses) == (2, 0)
+        assert (pool.starts, pool.reuses) == (2, 0)  # the failed run's engines were stopped, not kept
+        os.kill(held[0].pids[0], signal.SIGKILL)  # an engine dies while it waits for the next run
+        time.sleep(0.2)
+        again = run_training(spec(strategy="fsdp-flat"), tmp_path, pool=pool)
+        assert again.status == "done", again.error
+        assert (pool.starts, pool.reuses) == (3, 0)

@@ -46,6 +46,7 @@ def ring(tmp_path_factory, shared_runs, engine_pool):
     root = tmp_path_factory.mktemp("fully-shard-runs")
     # ddp-2 is test_validation's MLX DDP run; ddp-2 and fully-shard-2 are notebook 03's too (tests/conftest.py)
     outcomes = {name: shared_runs.run(spec(**kw), root, pool=engine_pool) for name, kw in RING.items()}
+    engine_pool.close()  # the MPI ranks that follow run beside no idle engine
     assert {o.status for o in outcomes.values()} == {"done"}, {k: o.error for k, o in outcomes.items()}
     return {name: o.run_id for name, o in outcomes.items()}, load_runs(root)
 

@@ -32,6 +32,7 @@ def spec(model, strategy):
 def mlx_lm_runs(tmp_path_factory, engine_pool):
     root = tmp_path_factory.mktemp("mlx-lm")
     outcomes = {(m, s): run_training(spec(m, s), root, pool=engine_pool) for m in MODELS for s in STRATEGIES}
+    engine_pool.close()  # no idle engine beside the profiles' timing
     profiles = {m: profile_model(spec(m, "ddp"), root) for m in MODELS}
     return root, outcomes, profiles
 

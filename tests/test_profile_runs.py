@@ -76,6 +76,7 @@ def attention_runs(tmp_path_factory, engine_pool):
     specs = [RunSpec(framework="mlx", strategy=s, num_ranks=2, steps=3, global_batch=16, model=ATTENTION,
                      model_factory="examples.tiny_attention_lm:mlx_factory") for s in ("ddp", "fsdp-row")]
     outcomes = [run_training(s, root, pool=engine_pool) for s in specs]
+    engine_pool.close()  # no idle engine beside the profile's timing
     assert [o.status for o in outcomes] == ["done", "done"], outcomes
     return root, profile_model(specs[0], root)  # 2 processes at once, as the 2 ranks ran
 

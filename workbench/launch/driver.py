@@ -11,6 +11,7 @@ model is first built here in a subprocess (:func:`build_user_model`), so ``timeo
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import pickle
@@ -249,7 +250,9 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     placement = Placement.of(hosts, launcher)  # a bad hosts file or launcher is refused before the record exists
     if pool is not None and not isinstance(pool, EnginePool):
         raise ValueError(f"pool={pool!r}: must be an EnginePool or None.")
-    runner = pool.run if pool is not None and placement.hosts is None else placement.runner()
+    runner = placement.runner()
+    if pool is not None and placement.hosts is None:  # a user's factory may change its process: its engines only
+        runner = functools.partial(pool.run, tag=(spec.model_factory, spec.model_source_sha256))
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):

@@ -2,23 +2,39 @@
 
 Every run used to start a controller and one engine per rank, and every rank imported its framework and joined
 its peers, only to be stopped a few seconds later: in notebook 06's sweep (20 runs of 2 ranks) that was 2.2 s of
-engines and 1.4 s of ``jax.distributed`` a run, about half of a JAX run's 9 s. A pool holds the last run's engines
-and hands them to the next run of the same ranks and framework, which joins the group its engines already hold
-(MLX's ``init`` returns the group it made; :func:`~workbench.ranks.train_jax.init_distributed` skips a
-second ``initialize``). Each run still starts from nothing of the last one's: :func:`~workbench.ranks.entry.train_rank`
+engines a run, and 1.4 s more to join ``jax.distributed``. A pool holds the last run's engines and hands them to
+the next run of the same ranks and framework, which joins the group its engines already hold (MLX's ``init``
+returns the group it made). Each run still starts from nothing of the last one's: :func:`~workbench.ranks.entry.train_rank`
 drops the last run's buffers and resets the high-water mark before it builds anything.
 
+Only MLX's engines are kept. A JAX run's measured peak is how far its last step raises the process's high-water
+mark of resident memory (``VmHWM``); on an engine an earlier run used, the heap that run left absorbed the step's
+buffers: ZeRO-3's rank 0 read 0.60 of XLA's plan where fresh engines read 1.00-1.26 (the memory validation's
+LM, 2 ranks, after a DDP run). So JAX runs start fresh engines, as without a pool (:data:`KEPT_FRAMEWORKS`).
+
 What is never reused: engines of a run that failed, timed out or was interrupted (they are stopped, as without a
-pool: a rank may be wedged in a collective), engines of another rank count or framework (the pool holds one set,
-so idle engines never pile up), and engines on other hosts (a hosts file's placement starts its own each run).
+pool: a rank may be wedged in a collective); engines of another rank count or framework, of another user model
+factory or source (what a factory does to its process stays there), or started under another environment or
+working folder of the driver (the engines inherited those); engines whose processes or registrations are gone
+while they waited; and engines on other hosts (a hosts file's placement starts its own each run). The pool holds
+one set, so idle engines never pile up.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import hashlib
+import os
+from typing import Any, Callable, Hashable
 
-from workbench.launch.engines import PORT_ATTEMPTS, EngineFailure, EngineRun, is_port_clash, start_engines
+import psutil
+
+from workbench.launch.engines import (PORT_ATTEMPTS, EngineFailure, EngineRun, is_port_clash, run_on_fresh_ports,
+                                       start_engines)
 from workbench.launch.plan import plan_launch
+
+
+#: The frameworks whose engines a pool keeps between runs (see the module's docstring for JAX).
+KEPT_FRAMEWORKS = ("mlx",)
 
 
 class EnginePool:
@@ -46,17 +62,21 @@ class EnginePool:
             held[1].stop()
 
     def run(self, num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
-            attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
+            attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True, tag: Hashable = None) -> Any:
         """``body(engines)`` on the held engines of ``num_ranks`` ``framework`` ranks, else on fresh ones (a port
         taken between the pick and the bind is relaunched, as :func:`run_on_fresh_ports` does); the engines are
-        kept for the next run if ``body`` returns, stopped if it raises.
+        kept for the next run if ``body`` returns, stopped if it raises. ``tag``: what else must match (the
+        driver's: a user model's factory and source digest).
 
         Raises:
             EngineFailure: as :func:`run_on_fresh_ports`.
         """
-        key = (num_ranks, framework)
+        if framework not in KEPT_FRAMEWORKS:
+            self.starts += 1
+            return run_on_fresh_ports(num_ranks, framework, body, attempts=attempts, may_retry=may_retry)
+        key = (num_ranks, framework, tag, _driver_state())
         held, self._held = self._held, None
-        if held is not None and held[0] == key and held[1].cluster is not None:
+        if held is not None and held[0] == key and _alive(held[1]):
             engines = held[1]
             engines.started_s = 0.0  # this run waited for no engine
             self.reuses += 1
@@ -72,11 +92,31 @@ class EnginePool:
                 if attempt == attempts or not is_port_clash(str(err)) or not may_retry():
                     raise
 
-    def _keep(self, key: tuple[int, str], engines: EngineRun, body: Callable[[EngineRun], Any]) -> Any:
+    def _keep(self, key: tuple, engines: EngineRun, body: Callable[[EngineRun], Any]) -> Any:
         try:
             result = body(engines)
         except BaseException:
             engines.stop()  # a failed or interrupted run's engines are never handed on
             raise
+        self.close()  # (nothing is held here, unless a run on another thread kept its own)
         self._held = (key, engines)
         return result
+
+
+def _driver_state() -> str:
+    """A digest of what engines inherit from the driver when they start: its environment and working folder."""
+    return hashlib.sha256(repr((sorted(os.environ.items()), os.getcwd())).encode()).hexdigest()
+
+
+def _alive(engines: EngineRun) -> bool:
+    """Whether every engine still runs and is still registered with the controller (checked before a reuse: an
+    engine can die, or miss its heartbeats, while it waits)."""
+    if engines.cluster is None or engines.client is None:
+        return False
+    try:
+        registered = set(engines.client.ids)
+    except Exception:
+        return False
+    return set(engines.rank_engine.values()) <= registered and all(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        for pid in engines.pids.values())

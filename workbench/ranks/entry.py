@@ -45,17 +45,18 @@ def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple
 
 def drop_last_run(framework: str) -> None:
     """What an earlier run on this engine left (a sweep's :class:`~workbench.launch.pool.EnginePool` hands engines
-    on): its objects collected, MLX's buffer cache emptied, and the high-water mark of resident memory set to
-    now, so that the peaks this run records are its own."""
+    on): its objects collected, MLX's buffer cache emptied, the C allocator's free pages handed back, and the
+    high-water mark of resident memory set to now, so that the peaks this run records are its own."""
     import gc
 
-    from workbench.ranks.profile_probe import reset_high_water_mark
+    from workbench.ranks.profile_probe import release_free_memory, reset_high_water_mark
 
     gc.collect()
     if framework == "mlx":
         import mlx.core as mx
 
         mx.clear_cache()
+    release_free_memory()
     reset_high_water_mark()
 
 

@@ -159,7 +159,8 @@ def train_jax(spec, handle) -> dict:
         for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
         combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions", "fingerprint_exchange_s",
         "initial_weights_sha256" (compared before step 0), "compile_cache" (folder, and this run's compiles read
-        back and compiled: an engine a sweep's pool hands on counts from its earlier runs)}``
+        back and compiled: on an engine a sweep's pool handed on, helpers its earlier runs compiled are in memory
+        and counted by neither)}``
         and ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes) when XLA reports it.
     """
     from workbench.ranks.phases import PHASE_AGREE, PHASE_COMPILE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
