@@ -117,6 +117,8 @@ def _alive(engines: EngineRun) -> bool:
         registered = set(engines.client.ids)
     except Exception:
         return False
-    return set(engines.rank_engine.values()) <= registered and all(
-        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        for pid in engines.pids.values())
+    try:
+        return set(engines.rank_engine.values()) <= registered and all(
+            psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in engines.pids.values())
+    except psutil.Error:  # gone (or never ours) between two looks
+        return False
