@@ -285,24 +285,31 @@ def is_port_clash(message: str) -> bool:
     return any(m in message for m in _PORT_CLASH)
 
 
-def run_on_fresh_ports(num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
-                       attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
-    """Plan a launch (:func:`~workbench.launch.plan.plan_launch`), start its engines, return ``body(engines)``.
+def relaunch_on_port_clash(launch_and_run: Callable[[], Any], *, attempts: int = PORT_ATTEMPTS,
+                           may_retry: Callable[[], bool] = lambda: True) -> Any:
+    """``launch_and_run()``, again while it fails on a port picked free but taken before a rank bound it
+    (``is_port_clash``), up to ``attempts`` launches, while ``may_retry()`` holds (a run with stored steps must not
+    start again): the relaunch rule of local engines, a pool's and a hosts file's.
 
-    A port picked free can still be taken before rank 0 binds it; such a failure (``is_port_clash``)
-    is relaunched on fresh ports, up to ``attempts`` launches in all, while ``may_retry()`` holds
-    (a run that has stored steps must not start again).
-
-    Raises:
-        EngineFailure: any other failure, or the last launch's.
-    """
+    Raises: EngineFailure: any other failure, or the last launch's."""
     for attempt in range(1, attempts + 1):
         try:
-            with start_engines(plan_launch(num_ranks, framework=framework)) as engines:
-                return body(engines)
+            return launch_and_run()
         except EngineFailure as err:
             if attempt == attempts or not is_port_clash(str(err)) or not may_retry():
                 raise
+
+
+def run_on_fresh_ports(num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
+                       attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
+    """Plan a launch (:func:`~workbench.launch.plan.plan_launch`), start its engines, return ``body(engines)``;
+    the engines are stopped after it, and a launch whose port was taken is tried again (:func:`relaunch_on_port_clash`)."""
+
+    def launch_and_run() -> Any:
+        with start_engines(plan_launch(num_ranks, framework=framework)) as engines:
+            return body(engines)
+
+    return relaunch_on_port_clash(launch_and_run, attempts=attempts, may_retry=may_retry)
 
 
 def rank_identity() -> tuple[int, str, int]:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable
 
 import psutil
 
-from workbench.launch.engines import (PORT_ATTEMPTS, EngineFailure, EngineRun, is_port_clash, run_on_fresh_ports,
+from workbench.launch.engines import (PORT_ATTEMPTS, EngineRun, relaunch_on_port_clash, run_on_fresh_ports,
                                        start_engines)
 from workbench.launch.plan import plan_launch
 
@@ -46,7 +46,7 @@ class EnginePool:
     """
 
     def __init__(self) -> None:
-        self._held: tuple[tuple[int, str], EngineRun] | None = None
+        self._held: tuple[tuple, EngineRun] | None = None  # (key: what the engines were started for, engines)
         self.starts = self.reuses = 0
 
     def __enter__(self) -> "EnginePool":
@@ -83,14 +83,13 @@ class EnginePool:
             return self._keep(key, engines, body)
         if held is not None:
             held[1].stop()
-        for attempt in range(1, attempts + 1):
-            try:
-                engines = start_engines(plan_launch(num_ranks, framework=framework))
-                self.starts += 1
-                return self._keep(key, engines, body)
-            except EngineFailure as err:
-                if attempt == attempts or not is_port_clash(str(err)) or not may_retry():
-                    raise
+
+        def launch_and_run() -> Any:
+            engines = start_engines(plan_launch(num_ranks, framework=framework))
+            self.starts += 1
+            return self._keep(key, engines, body)
+
+        return relaunch_on_port_clash(launch_and_run, attempts=attempts, may_retry=may_retry)
 
     def _keep(self, key: tuple, engines: EngineRun, body: Callable[[EngineRun], Any]) -> Any:
         try:

@@ -31,8 +31,8 @@ from workbench.launch.engines import (
     FAST_HEARTBEAT,
     EngineFailure,
     EngineRun,
-    is_port_clash,
     rank_identity,
+    relaunch_on_port_clash,
     run_on_fresh_ports,
 )
 from workbench.launch.host_values import check_controller_ip, check_ssh_config_file
@@ -227,14 +227,13 @@ def run_on_hosts(hosts, num_ranks: int, framework: str, body: Callable[[RemoteEn
     hf = as_hosts(hosts, slots=slots)
     start_kwargs.setdefault("ssh_config", hf.ssh_config)
     start_kwargs.setdefault("controller_ip", hf.controller_ip)
-    for attempt in range(1, attempts + 1):
-        try:
-            with start_remote_engines(plan_hosts_launch(hf, num_ranks, framework=framework), launcher=launcher,
-                                      **start_kwargs) as engines:
-                return body(engines)
-        except EngineFailure as err:
-            if attempt == attempts or not is_port_clash(str(err)) or not may_retry():
-                raise
+
+    def launch_and_run() -> Any:
+        with start_remote_engines(plan_hosts_launch(hf, num_ranks, framework=framework), launcher=launcher,
+                                  **start_kwargs) as engines:
+            return body(engines)
+
+    return relaunch_on_port_clash(launch_and_run, attempts=attempts, may_retry=may_retry)
 
 
 @dataclass(frozen=True)

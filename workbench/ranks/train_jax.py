@@ -222,6 +222,7 @@ def train_jax(spec, handle) -> dict:
             "num_collectives": int(metrics["num_collectives"]),
         }])
         check_finite_loss(loss, i, rank)  # after its row is stored: the record shows it
+    cache_now = cache_state()
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"),
                "fingerprint_exchange_s": exchange_s, "initial_weights_sha256": fingerprint["initial_weights"],
                "collective_path": observed_collective_path(lowered.as_text(), size),
@@ -229,7 +230,7 @@ def train_jax(spec, handle) -> dict:
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
                "compiled_collectives": compiled_program_counts(compiled.as_text()),
                "peak_rss_bytes": peak_rss_bytes(), "versions": package_versions(),
-               "compile_cache": {**cache_state(), **{k: cache_state()[k] - cache_at_start[k] for k in ("hits", "misses")}}}
+               "compile_cache": {**cache_now, **{k: cache_now[k] - cache_at_start[k] for k in ("hits", "misses")}}}
     if compiled_memory is not None:
         summary["compiled_memory"] = compiled_memory
     return summary
