@@ -11,7 +11,6 @@ model is first built here in a subprocess (:func:`build_user_model`), so ``timeo
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import pickle
@@ -231,7 +230,7 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
         launcher: With ``hosts``: ipyparallel's ``"ssh"``, ``"mpi"`` or ``"slurm"`` launcher.
         pool: Engines kept between runs (:class:`~workbench.launch.pool.EnginePool`; a sweep's): the run takes
             the held engines if they are of its ranks and framework, and leaves its own there when it is done.
-            Local runs only: with ``hosts`` it is not used.
+            Local runs of the built-in models only: with ``hosts`` or a ``model_factory`` it is not used.
 
     Returns:
         A :class:`RunOutcome`; a failed run is recorded as failed (steps kept), not raised.
@@ -250,9 +249,9 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     placement = Placement.of(hosts, launcher)  # a bad hosts file or launcher is refused before the record exists
     if pool is not None and not isinstance(pool, EnginePool):
         raise ValueError(f"pool={pool!r}: must be an EnginePool or None.")
-    runner = placement.runner()
-    if pool is not None and placement.hosts is None:  # a user's factory may change its process: its engines only
-        runner = functools.partial(pool.run, tag=(spec.model_factory, spec.model_source_sha256))
+    # a user's factory may change its process, so its runs start their own engines (as on other hosts)
+    runner = pool.run if pool is not None and placement.hosts is None and spec.model_factory is None \
+        else placement.runner()
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):

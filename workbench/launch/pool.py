@@ -13,18 +13,19 @@ buffers: ZeRO-3's rank 0 read 0.60 of XLA's plan where fresh engines read 1.00-1
 LM, 2 ranks, after a DDP run). So JAX runs start fresh engines, as without a pool (:data:`KEPT_FRAMEWORKS`).
 
 What is never reused: engines of a run that failed, timed out or was interrupted (they are stopped, as without a
-pool: a rank may be wedged in a collective); engines of another rank count or framework, of another user model
-factory or source (what a factory does to its process stays there), or started under another environment or
-working folder of the driver (the engines inherited those); engines whose processes or registrations are gone
-while they waited; and engines on other hosts (a hosts file's placement starts its own each run). The pool holds
-one set, so idle engines never pile up.
+pool: a rank may be wedged in a collective); engines of another rank count or framework, or started under another
+environment or working folder of the driver (the engines inherited those); engines whose processes or registrations
+are gone while they waited; engines on other hosts (a hosts file's placement starts its own each run); and a user
+model factory's runs (the driver does not pass them: what a factory does to its process stays there; notebook 07's
+peak check failed once, under load, on pooled factory runs, cause not found). The pool holds one set, so idle
+engines never pile up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Callable, Hashable
+from typing import Any, Callable
 
 import psutil
 
@@ -62,11 +63,11 @@ class EnginePool:
             held[1].stop()
 
     def run(self, num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
-            attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True, tag: Hashable = None) -> Any:
+            attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
         """``body(engines)`` on the held engines of ``num_ranks`` ``framework`` ranks, else on fresh ones (a port
         taken between the pick and the bind is relaunched, as :func:`run_on_fresh_ports` does); the engines are
-        kept for the next run if ``body`` returns, stopped if it raises. ``tag``: what else must match (the
-        driver's: a user model's factory and source digest).
+        kept for the next run if ``body`` returns, stopped if it raises. The driver never hands it a run of a user's
+        model factory (what a factory does to its process would stay there).
 
         Raises:
             EngineFailure: as :func:`run_on_fresh_ports`.
@@ -74,7 +75,7 @@ class EnginePool:
         if framework not in KEPT_FRAMEWORKS:
             self.starts += 1
             return run_on_fresh_ports(num_ranks, framework, body, attempts=attempts, may_retry=may_retry)
-        key = (num_ranks, framework, tag, _driver_state())
+        key = (num_ranks, framework, _driver_state())
         held, self._held = self._held, None
         if held is not None and held[0] == key and _alive(held[1]):
             engines = held[1]
