@@ -422,8 +422,21 @@ def lab_page(browser, jupyterlab):
     (ARTIFACTS / "jupyterlab-console.txt").write_text("\n".join(f"{kind}: {text}" for kind, text in w.console))
 
 
+#: Makes the page's first import of plotly's widget code (a module of about 5 MB, which anywidget imports from a blob)
+#: never finish, as on a busy machine where it took past the 2 s anywidget allows: that figure's widget fails.
+FIRST_PLOTLY_WIDGET_HANGS = """(() => { let hung = 0; const make = URL.createObjectURL.bind(URL);
+    URL.createObjectURL = obj => {
+        if (!hung && obj instanceof Blob && obj.size > 1e6 && /javascript/.test(obj.type)) {
+            hung += 1; window.workbenchHung = hung; return make(new Blob(["await new Promise(() => {});"], {type: "text/javascript"})); }
+        return make(obj); }; })();"""
+
+
 def test_jupyterlab_runs_notebook_01_and_the_slider_redraws_the_figure(lab_page, jupyterlab):
+    """Notebook 01 runs in JupyterLab and its explorer follows the slider. Its first figure's widget fails to start
+    (:data:`FIRST_PLOTLY_WIDGET_HANGS`, what a busy machine did, issue 29 item 1): the explorer draws it again in
+    a new widget when the page asks (widget_sync.redraw_undrawn), and every figure is drawn with no notice."""
     w, page = lab_page, lab_page.page
+    page.add_init_script(FIRST_PLOTLY_WIDGET_HANGS)
     page.goto(lab_tree(jupyterlab, "01_bucket_layouts.ipynb"))
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     wait_for_kernel(page, jupyterlab)
@@ -432,6 +445,12 @@ def test_jupyterlab_runs_notebook_01_and_the_slider_redraws_the_figure(lab_page,
     slider = page.locator(".widget-slider:has(label:text-is('communication_size'))")
     slider.wait_for(timeout=240_000)  # the explorer is the last output
     wait_for_kernel(page, jupyterlab)
+    page.wait_for_function("""() => { const f = Array.from(document.querySelectorAll(
+        '.workbench-layout-explorer .js-plotly-plot')); return f.length === 3 && f.every(g => (g.data || []).length); }""",
+                           timeout=120_000)  # the redraw comes 20 s after the page drew the explorer
+    # one figure's widget code never loaded, so the figure drawn in its place is a new widget's
+    assert page.evaluate("window.workbenchHung || 0") == 1, "no widget failed: the test did not exercise the redraw"
+    assert "Not drawn" not in page.locator(".workbench-layout-explorer").inner_text()
     prompts = page.evaluate("Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
                             ".map(e => e.textContent.trim())")
     assert prompts and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), prompts  # every cell ran
@@ -902,8 +921,10 @@ def test_explorers_in_jupyterlab_are_readable_and_every_control_redraws(lab_page
         page.wait_for_selector(f"{layout_sel} .workbench-layout-metrics table", state="attached", timeout=60_000)
         wait_for_kernel(page, jupyterlab, notebook=EXPLORERS)
         try:
+            # a figure anywidget gave up on (2 s, under load) is drawn again in a new widget 20 s after the page
+            # drew the explorer (widget_sync.redraw_undrawn): in a suite run 2 of the 4 were still blank after 60 s
             page.wait_for_function(f"() => ({drawn})().length === 4 && ({drawn})().every(d => d[0] > 0 && d[1])",
-                                   timeout=60_000)
+                                   timeout=120_000)
         finally:
             (UX / "explorer-drawn.json").write_text(json.dumps(page.evaluate(drawn)))
         for sel in (layout_sel, memory_sel):

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from workbench.core.chromium import chromium_for_kaleido
 from workbench.core.formats import PLOTLY_MIME
 from workbench.runs.atomic import replace_atomic, temp_beside, write_atomic
-from workbench.views.widget_sync import wrapping_row
+from workbench.views.widget_sync import redraw_undrawn, wrapping_row
 
 #: Image formats an export writes for each figure.
 EXPORT_FORMATS = ("svg", "png")
@@ -104,10 +104,13 @@ class ExplorerTools:
     """
 
     def _tools_row(self) -> widgets.HBox:
-        """The row of export and pin controls; call once in ``__init__``, after ``figures`` and before the first
-        ``update()``."""
+        """The row of export and pin controls; call once in ``__init__``, after ``figures`` and ``probe`` and before
+        the first ``update()``."""
         # Each live figure's row, where the explorer places it (figure_row): a pinned copy joins it there.
         self._rows = {name: wrapping_row([fw], grid_gap=f"{PAIR_GAP_PX}px") for name, fw in self.figures.items()}
+        # When the page asks (past the draw grace), a figure it did not draw gets a new widget in its place; this
+        # observer comes before the explorer's own, whose redraw then names what is still undrawn.
+        self.probe.observe(lambda change: redraw_undrawn(self.probe, self.figures, self._rows), names="checks")
         self.pinned: dict[str, PinnedFigure] = {}
         self.pinned_code: str | None = None
         self.pinned_label, self.export_note = widgets.HTML(), widgets.HTML()

@@ -157,8 +157,8 @@ class MemoryExplorer(ExplorerTools, widgets.VBox):
                                               value=DEFAULT_DEVICE_MEMORY_GB * UNITS["GB"], description="device memory",
                                               **wide),
         }
-        self.figure = watch_drawn(go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH)))
-        self.figures = {"memory_breakdown": self.figure}
+        self.figures = {"memory_breakdown": watch_drawn(go.FigureWidget(layout=dict(template=TEMPLATE,
+                                                                                      width=FIGURE_WIDTH)))}
         self.status, self.code, self.estimates, self._shown = widgets.HTML(), widgets.HTML(), [], None
         self.capacity, self.probe = widgets.HTML(), WidthProbe()  # the figure follows the notebook's width
         c = self.controls
@@ -174,6 +174,11 @@ class MemoryExplorer(ExplorerTools, widgets.VBox):
         self.update()
 
     CODE_IMPORTS = "from workbench.views.memory_explorer import build_memory_explorer"
+
+    @property
+    def figure(self) -> go.FigureWidget:
+        """The live figure (a page that did not draw it may have had it replaced: :func:`~workbench.views.widget_sync.redraw_undrawn`)."""
+        return self.figures["memory_breakdown"]
 
     def shown_json(self) -> dict[str, dict | None]:
         return {"memory_breakdown": self._shown}

@@ -154,17 +154,25 @@ export default { render({ model, el }) {
     if (w > 0 && w !== model.get("width")) { model.set("width", w); model.save_changes(); } };
   const seen = new ResizeObserver(() => { clearTimeout(timer); timer = setTimeout(send, 120); });
   seen.observe(el);
-  // Past the draw grace, ask the kernel once to look: a figure anywidget gave up on is then named at once,
-  // not at the next control change.
-  const check = setTimeout(() => { model.set("checks", (model.get("checks") || 0) + 1); model.save_changes(); },
-                           CHECK_MS);
-  return () => { seen.disconnect(); clearTimeout(timer); clearTimeout(check); };
+  // Past the draw grace, ask the kernel to look: a figure anywidget gave up on is then drawn again in a new
+  // widget, or named, at once, not at the next control change. The grace starts again after each redraw.
+  let check = null;
+  const ask = () => { model.set("checks", (model.get("checks") || 0) + 1); model.save_changes(); };
+  const later = () => { clearTimeout(check); check = setTimeout(ask, CHECK_MS); };
+  later();
+  model.on("change:redraws", later);
+  return () => { seen.disconnect(); clearTimeout(timer); clearTimeout(check); model.off("change:redraws", later); };
 } };""".replace("CHECK_MS", str(int((DRAW_GRACE_S + 5) * 1000)))
     _css = f".{BUSY_CLASS} .js-plotly-plot {{ opacity: 0.45; transition: opacity 60ms; }}"
     width = traitlets.Int(0).tag(sync=True)
     #: How often the page asked the explorer to look for undrawn figures (once, :data:`DRAW_GRACE_S` + 5 s after
     #: it drew the probe); an explorer observes it beside ``width``.
     checks = traitlets.Int(0).tag(sync=True)
+    #: How many times the explorer gave its undrawn figures new widgets (:func:`redraw_undrawn`); the page asks
+    #: again :data:`DRAW_GRACE_S` + 5 s after each.
+    redraws = traitlets.Int(0).tag(sync=True)
+    #: ``time.monotonic()`` of the last redraw; None before any.
+    redrawn_at: float | None = None
     #: ``time.monotonic()`` when the browser first reported a width (a live page drew the explorer); None before.
     seen_at: float | None = None
 
@@ -218,15 +226,47 @@ def watch_drawn(fw: go.FigureWidget) -> go.FigureWidget:
     return fw
 
 
+#: How many times an explorer gives a figure the page did not draw a new widget before it names it undrawn.
+MAX_REDRAWS = 2
+
+
+def undrawn(figures: Mapping[str, go.FigureWidget]) -> list[str]:
+    """The names of the figures plotly's widget code has not reported drawing (:func:`watch_drawn`)."""
+    return [name for name, fw in figures.items() if not getattr(fw, "_workbench_drawn", False)]
+
+
+def redraw_undrawn(probe: WidthProbe, figures: dict[str, go.FigureWidget],
+                   rows: Mapping[str, widgets.Box]) -> list[str]:
+    """Give each figure a live page has not drawn a new ``FigureWidget`` with the same content, in its place in
+    ``rows[name]`` and in ``figures`` (up to :data:`MAX_REDRAWS` times; call it when the page asks, ``checks``).
+    anywidget allows plotly's 5 MB widget code 2 s to start a figure: on a busy page (four figures loading at
+    once, load 6-8) one gave up and stayed blank, while a new widget, started alone later, draws (as re-running
+    the cell did). Returns the names given new widgets."""
+    missing = undrawn(figures)
+    if not missing or probe.seen_at is None or probe.redraws >= MAX_REDRAWS:
+        return []
+    for name in missing:
+        old = figures[name]
+        figures[name] = new = watch_drawn(go.FigureWidget(old.to_dict()))
+        rows[name].children = tuple(new if child is old else child for child in rows[name].children)
+        old.close()
+    probe.redrawn_at = time.monotonic()
+    probe.redraws += 1  # the page asks again after the grace
+    return missing
+
+
 def undrawn_notice(probe: WidthProbe, figures: Mapping[str, go.FigureWidget], now: float | None = None) -> str:
-    """HTML that says which figures a live page has not drawn :data:`DRAW_GRACE_S` after it drew the explorer,
-    why, and the remedy; empty when all are drawn, or with no page (a kernel without a browser, a test)."""
-    if probe.seen_at is None or (time.monotonic() if now is None else now) - probe.seen_at < DRAW_GRACE_S:
+    """HTML that says which figures a live page has not drawn :data:`DRAW_GRACE_S` after it drew the explorer, or
+    after the last of :data:`MAX_REDRAWS` redraws (:func:`redraw_undrawn`), why, and the remedy; empty when all
+    are drawn, while a redraw is still due, or with no page (a kernel without a browser, a test)."""
+    since = probe.redrawn_at if probe.redrawn_at is not None else probe.seen_at
+    if since is None or (time.monotonic() if now is None else now) - since < DRAW_GRACE_S or \
+            probe.redraws < MAX_REDRAWS:
         return ""
-    missing = [name for name, fw in figures.items() if not getattr(fw, "_workbench_drawn", False)]
+    missing = undrawn(figures)
     if not missing:
         return ""
     return ("<br><span style='color:#B00020'><b>Not drawn:</b> " + html.escape(", ".join(missing)) +
-            ". The browser did not load plotly's widget code (about 5 MB) within the 2 s anywidget allows it "
-            "('[anywidget] Failed to initialize model' in its console; a busy machine). Re-run this cell to draw "
-            "them; reloading the page does not.</span>")
+            f". The browser did not load plotly's widget code (about 5 MB) within the 2 s anywidget allows it, "
+            f"{probe.redraws + 1} times ('[anywidget] Failed to initialize model' in its console; a busy "
+            "machine). Re-run this cell to draw them; reloading the page does not.</span>")
