@@ -97,17 +97,9 @@ def check_arguments(args) -> None:
     Raises:
         UsageError: saying what is wrong and what to do.
     """
-    import nbformat
-
     for path in args.notebooks:
         if not path.is_file():
             raise UsageError(f"no such notebook: {path} (give the path of an existing .ipynb)")
-        try:
-            nbformat.read(path, as_version=4)
-        except Exception as err:  # NotJSONError, a schema error, an undecodable file...
-            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-            raise UsageError(f"{path} is not a readable notebook ({reason}); restore it, e.g. git checkout -- {path}") \
-                from None
     if args.command in ("build", "slides"):  # outputs are named by the notebook's stem
         from workbench.publish.buildlog import refuse_name_clashes
 
@@ -132,6 +124,17 @@ def check_arguments(args) -> None:
         themes = sorted(p.stem for p in (VENDOR_DIR / "reveal.js" / "dist" / "theme").glob("*.css"))
         if theme not in themes:
             raise UsageError(f"unknown --theme {theme!r}; vendored themes: {', '.join(themes)}")
+    # Last: importing nbformat costs 2 s (jsonschema's format checks compile a grammar at import), which the
+    # checks above, a missing notebook or a wrong theme, need not wait for.
+    for path in args.notebooks:
+        import nbformat
+
+        try:
+            nbformat.read(path, as_version=4)
+        except Exception as err:  # NotJSONError, a schema error, an undecodable file...
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            raise UsageError(f"{path} is not a readable notebook ({reason}); restore it, e.g. git checkout -- {path}") \
+                from None
 
 
 def main(argv: list[str] | None = None) -> int:
