@@ -165,8 +165,8 @@ export default { render({ model, el }) {
 } };""".replace("CHECK_MS", str(int((DRAW_GRACE_S + 5) * 1000)))
     _css = f".{BUSY_CLASS} .js-plotly-plot {{ opacity: 0.45; transition: opacity 60ms; }}"
     width = traitlets.Int(0).tag(sync=True)
-    #: How often the page asked the explorer to look for undrawn figures (once, :data:`DRAW_GRACE_S` + 5 s after
-    #: it drew the probe); an explorer observes it beside ``width``.
+    #: How often the page asked the explorer to look for undrawn figures (:data:`DRAW_GRACE_S` + 5 s after it drew
+    #: the probe, and as long after each of ``redraws``); an explorer observes it beside ``width``.
     checks = traitlets.Int(0).tag(sync=True)
     #: How many times the explorer gave its undrawn figures new widgets (:func:`redraw_undrawn`); the page asks
     #: again :data:`DRAW_GRACE_S` + 5 s after each.
@@ -267,6 +267,6 @@ def undrawn_notice(probe: WidthProbe, figures: Mapping[str, go.FigureWidget], no
     if not missing:
         return ""
     return ("<br><span style='color:#B00020'><b>Not drawn:</b> " + html.escape(", ".join(missing)) +
-            f". The browser did not load plotly's widget code (about 5 MB) within the 2 s anywidget allows it, "
+            ". The browser did not load plotly's widget code (about 5 MB) within the 2 s anywidget allows it, "
             f"{probe.redraws + 1} times ('[anywidget] Failed to initialize model' in its console; a busy "
             "machine). Re-run this cell to draw them; reloading the page does not.</span>")
