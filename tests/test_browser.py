@@ -439,21 +439,31 @@ def lab_page(browser, jupyterlab):
     (ARTIFACTS / "jupyterlab-console.txt").write_text("\n".join(f"{kind}: {text}" for kind, text in w.console))
 
 
-#: Makes the page's first import of plotly's widget code (a module of about 5 MB, which anywidget imports from a blob)
-#: never finish, as on a busy machine where it took past the 2 s anywidget allows: that figure's widget fails.
-FIRST_PLOTLY_WIDGET_HANGS = """(() => { let hung = 0; const make = URL.createObjectURL.bind(URL);
+#: Makes the page's import of plotly's widget code (a module of about 5 MB, imported from a blob) take 10 s more, as on
+#: a busy machine: the figures that wait for it miss the 2 s anywidget allows a widget to start, and are drawn late,
+#: blank, without the kernel's edits (CI's explorers; here notebook 01's three figures). Counts the page's imports of
+#: that code (``window.workbenchPlotlyImports``: once a page, figure_widget) and the plot elements it has shown
+#: (``window.workbenchPlotsShown``: a figure drawn again in a new widget is a new element).
+FIRST_PLOTLY_WIDGET_IMPORT_SLOW = """(() => { const make = URL.createObjectURL.bind(URL); window.workbenchPlotlyImports = 0;
     URL.createObjectURL = obj => {
-        if (!hung && obj instanceof Blob && obj.size > 1e6 && /javascript/.test(obj.type)) {
-            hung += 1; window.workbenchHung = hung; return make(new Blob(["await new Promise(() => {});"], {type: "text/javascript"})); }
-        return make(obj); }; })();"""
+        if (!(obj instanceof Blob && obj.size > 1e6 && /javascript/.test(obj.type))) return make(obj);
+        window.workbenchPlotlyImports += 1;
+        if (window.workbenchPlotlyImports > 1) return make(obj);
+        const real = make(obj);
+        return make(new Blob([`export * from "${real}"; export { default } from "${real}";
+                               await new Promise(done => setTimeout(done, 10000));`], {type: "text/javascript"})); };
+    const shown = new WeakSet(); window.workbenchPlotsShown = 0;
+    setInterval(() => document.querySelectorAll(".js-plotly-plot").forEach(plot => {
+        if (!shown.has(plot)) { shown.add(plot); window.workbenchPlotsShown += 1; } }), 100); })();"""
 
 
 def test_jupyterlab_runs_notebook_01_and_the_slider_redraws_the_figure(lab_page, jupyterlab):
-    """Notebook 01 runs in JupyterLab and its explorer follows the slider. Its first figure's widget fails to start
-    (:data:`FIRST_PLOTLY_WIDGET_HANGS`, what a busy machine did, issue 29 item 1): the explorer draws it again in
-    a new widget when the page asks (widget_sync.redraw_undrawn), and every figure is drawn with no notice."""
+    """Notebook 01 runs in JupyterLab and its explorer follows the slider. Its figures' widgets miss their 2 s start
+    and are drawn late and blank (:data:`FIRST_PLOTLY_WIDGET_IMPORT_SLOW`, what a busy machine did: issue 29 item 1,
+    and CI's explorers): the explorer draws them again in new widgets when the page asks (widget_sync.redraw_undrawn),
+    which start at once from plotly's code, imported once a page, and every figure is drawn with no notice."""
     w, page = lab_page, lab_page.page
-    page.add_init_script(FIRST_PLOTLY_WIDGET_HANGS)
+    page.add_init_script(FIRST_PLOTLY_WIDGET_IMPORT_SLOW)
     page.goto(lab_tree(jupyterlab, "01_bucket_layouts.ipynb"))
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     wait_for_kernel(page, jupyterlab)
@@ -465,8 +475,9 @@ def test_jupyterlab_runs_notebook_01_and_the_slider_redraws_the_figure(lab_page,
     page.wait_for_function("""() => { const f = Array.from(document.querySelectorAll(
         '.workbench-layout-explorer .js-plotly-plot')); return f.length === 3 && f.every(g => (g.data || []).length); }""",
                            timeout=120_000)  # the redraw comes 20 s after the page drew the explorer
-    # one figure's widget code never loaded, so the figure drawn in its place is a new widget's
-    assert page.evaluate("window.workbenchHung || 0") == 1, "no widget failed: the test did not exercise the redraw"
+    # the three figures were drawn blank, then again in new widgets; plotly's code was imported once for all six
+    assert page.evaluate("window.workbenchPlotsShown") >= 6, "no figure was drawn again: the test missed the redraw"
+    assert page.evaluate("window.workbenchPlotlyImports") == 1
     assert "Not drawn" not in page.locator(".workbench-layout-explorer").inner_text()
     prompts = page.evaluate("Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
                             ".map(e => e.textContent.trim())")

@@ -162,3 +162,26 @@ def test_a_figure_with_more_traces_of_a_kind_than_its_slots_grows_the_widget_onc
     assert sent == ["deleteTraces", "addTraces", "update"], sent  # (the same layout: no relayout)
     shows(fw, one)
     assert [t.type for t in fw.data] == ["bar", "bar", "scatter"] and fw.data[1].visible is False
+
+
+def test_figure_widgets_share_one_copy_of_plotly_widget_code_per_kernel():
+    """A CI run's explorer figures stayed blank: each FigureWidget sent plotly's 5 MB widget code, the page imported
+    it once per figure, and under load a figure missed anywidget's 2 s start. The workbench's FigureWidget sends a
+    small module that imports the code once per page from one PlotlyCode widget per kernel (made again once closed);
+    in the kernel it is plotly's FigureWidget (the browser tests draw it)."""
+    import plotly
+
+    from workbench.views.figure_widget import FigureWidget, plotly_code
+
+    code = str(go.FigureWidget._esm)
+    assert len(code) > 1_000_000 and plotly_code().code == code
+    first, second = FigureWidget(go.Bar(x=[1], y=[2])), FigureWidget()
+    states = [first.get_state(), second.get_state()]
+    assert {s["_plotly_code"] for s in states} == {f"IPY_MODEL_{plotly_code().model_id}"}
+    assert all(len(s["_esm"]) < 5_000 for s in states) and f"__workbenchPlotlyWidget_{plotly.__version__}" in states[0]["_esm"]
+    assert isinstance(first, go.FigureWidget) and first.to_dict()["data"][0]["type"] == "bar"
+    first.add_scatter(y=[3, 4])  # plotly's own edits, unchanged
+    assert [t.type for t in first.data] == ["bar", "scatter"] and first._last_trace_edit_id == 1
+    closed = plotly_code()
+    closed.close()  # as ipywidgets.Widget.close_all() does: the next figure sends the code again
+    assert FigureWidget().get_state()["_plotly_code"] == f"IPY_MODEL_{plotly_code().model_id}" and plotly_code() is not closed

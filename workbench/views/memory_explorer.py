@@ -9,13 +9,13 @@ import math
 from typing import TYPE_CHECKING, Sequence
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from workbench.core.units import format_number, format_params
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.knobs import OPTIMIZER_NUM_STATES, UPDATE_COPIES
 from workbench.estimate.grid import POWERS_OF_TWO, estimate_breakdowns, powers_between
 from workbench.views.explorer_tools import ExplorerTools
+from workbench.views.figure_widget import FigureWidget
 from workbench.views.memory import UNITS, breakdown_summary, fig_memory_breakdown, over_capacity
 from workbench.views.style import TEMPLATE
 from workbench.views.widget_sync import (WidthProbe, busy, slider_layout, sync_figure_widget, undrawn_notice,
@@ -157,7 +157,7 @@ class MemoryExplorer(ExplorerTools, widgets.VBox):
                                               value=DEFAULT_DEVICE_MEMORY_GB * UNITS["GB"], description="device memory",
                                               **wide),
         }
-        self.figures = {"memory_breakdown": watch_drawn(go.FigureWidget(layout=dict(template=TEMPLATE,
+        self.figures = {"memory_breakdown": watch_drawn(FigureWidget(layout=dict(template=TEMPLATE,
                                                                                       width=FIGURE_WIDTH)))}
         self.status, self.code, self.estimates, self._shown = widgets.HTML(), widgets.HTML(), [], None
         self.capacity, self.probe = widgets.HTML(), WidthProbe()  # the figure follows the notebook's width
@@ -176,7 +176,7 @@ class MemoryExplorer(ExplorerTools, widgets.VBox):
     CODE_IMPORTS = "from workbench.views.memory_explorer import build_memory_explorer"
 
     @property
-    def figure(self) -> go.FigureWidget:
+    def figure(self) -> FigureWidget:
         """The live figure (a page that did not draw it may have had it replaced: :func:`~workbench.views.widget_sync.redraw_undrawn`)."""
         return self.figures["memory_breakdown"]
 

@@ -14,7 +14,6 @@ from typing import Iterable
 
 import ipywidgets as widgets
 import pandas as pd
-import plotly.graph_objects as go
 
 from workbench.core.events import format_duration
 from workbench.core.units import format_seconds
@@ -24,6 +23,7 @@ from workbench.runs.labels import run_label
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import run_id_for
 from workbench.runs.tables import read_steps
+from workbench.views.figure_widget import FigureWidget
 from workbench.views.style import TEMPLATE
 
 __all__ = ["LiveProgress", "SweepProgress", "all_done", "run_sweep"]  # all_done: notebooks import it from here
@@ -46,7 +46,7 @@ class LiveProgress:
                                        style={"description_width": "120px"}, layout={"width": "60%"})
         self.status = widgets.HTML("starting engines...")
         # Whole steps only: plotly's automatic ticks read 0.5, 1.5 on a three-step run.
-        self.figure = go.FigureWidget(layout=dict(template=TEMPLATE, height=260, margin=dict(t=30, b=30),
+        self.figure = FigureWidget(layout=dict(template=TEMPLATE, height=260, margin=dict(t=30, b=30),
                                                   title=f"{label}: loss", yaxis_title="loss",
                                                   xaxis=dict(title="step", tick0=0, dtick=max(1, -(-spec.steps // 10)),
                                                              rangemode="tozero")))

@@ -20,6 +20,8 @@ import numpy as np
 import plotly.graph_objects as go
 import traitlets
 
+from workbench.views.figure_widget import FigureWidget
+
 
 def decode_typed_array(spec: dict) -> np.ndarray:
     """The array a plotly typed-array spec (``{"dtype": "f8", "bdata": ..., "shape": "2, 3"}``) holds: what
@@ -219,10 +221,16 @@ def busy(box: widgets.Box, status: widgets.HTML) -> Iterator[None]:
 
 
 def watch_drawn(fw: go.FigureWidget) -> go.FigureWidget:
-    """Note on ``fw`` when a browser has drawn it: plotly's widget code sends the drawn traces back after its
-    first draw (``_js2py_traceDeltas``; its layout goes to ``_js2py_widget_layoutDelta``, a name plotly 7.1's
-    Python side does not read), and never does when anywidget gave up loading it (issue 29 item 1)."""
-    fw.observe(lambda change: change["new"] and setattr(fw, "_workbench_drawn", True), names="_js2py_traceDeltas")
+    """Note on ``fw`` when a browser has drawn what the kernel last sent it: plotly's widget code sends the drawn
+    traces back after its first draw and after each edit (``_js2py_traceDeltas``, with the trace edit it drew; its
+    layout goes to ``_js2py_widget_layoutDelta``, a name plotly 7.1's Python side does not read). A widget anywidget
+    gave up starting (issue 29 item 1) never does, or does late, drawn from the state it was created with: the edits
+    sent meanwhile are lost, so its edit is older than the kernel's and the figure stays undrawn (:func:`undrawn`)."""
+    def drew(change) -> None:
+        if change["new"] and change["new"].get("trace_edit_id") == fw._last_trace_edit_id:
+            fw._workbench_drawn = True
+
+    fw.observe(drew, names="_js2py_traceDeltas")
     return fw
 
 
@@ -239,15 +247,16 @@ def redraw_undrawn(probe: WidthProbe, figures: dict[str, go.FigureWidget],
                    rows: Mapping[str, widgets.Box]) -> list[str]:
     """Give each figure a live page has not drawn a new ``FigureWidget`` with the same content, in its place in
     ``rows[name]`` and in ``figures`` (up to :data:`MAX_REDRAWS` times; call it when the page asks, ``checks``).
-    anywidget allows plotly's 5 MB widget code 2 s to start a figure: on a busy page (four figures loading at
-    once, load 6-8) one gave up and stayed blank, while a new widget, started alone later, draws (as re-running
-    the cell did). Returns the names given new widgets."""
+    anywidget gives a widget 2 s to start: on a busy page (load 6-8) the first figures wait longer for plotly's
+    5 MB widget code (:mod:`~workbench.views.figure_widget`), are drawn late without the kernel's updates and stay
+    blank, while a new widget, made once the code is there, starts at once (as re-running the cell did). Returns
+    the names given new widgets."""
     missing = undrawn(figures)
     if not missing or probe.seen_at is None or probe.redraws >= MAX_REDRAWS:
         return []
     for name in missing:
         old = figures[name]
-        figures[name] = new = watch_drawn(go.FigureWidget(old.to_dict()))
+        figures[name] = new = watch_drawn(FigureWidget(old.to_dict()))
         rows[name].children = tuple(new if child is old else child for child in rows[name].children)
         old.close()
     probe.redrawn_at = time.monotonic()
@@ -267,6 +276,6 @@ def undrawn_notice(probe: WidthProbe, figures: Mapping[str, go.FigureWidget], no
     if not missing:
         return ""
     return ("<br><span style='color:#B00020'><b>Not drawn:</b> " + html.escape(", ".join(missing)) +
-            ". The browser did not load plotly's widget code (about 5 MB) within the 2 s anywidget allows it, "
-            f"{probe.redraws + 1} times ('[anywidget] Failed to initialize model' in its console; a busy "
-            "machine). Re-run this cell to draw them; reloading the page does not.</span>")
+            ". The browser did not start plotly's widget within the 2 s anywidget allows (its code, about 5 MB, "
+            f"loads once a page), {probe.redraws + 1} times ('[anywidget] Failed to initialize model' in its "
+            "console; a busy machine). Re-run this cell to draw them; reloading the page does not.</span>")

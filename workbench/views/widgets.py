@@ -13,7 +13,6 @@ from collections import OrderedDict
 from typing import Callable, Mapping
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from workbench.core.buckets import POLICIES, BucketPlan, plan_buckets
 from workbench.core.checks import integer
@@ -23,6 +22,7 @@ from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes, format_seconds
 from workbench.estimate.comm import AlphaBeta, estimate_comm
 from workbench.views.explorer_tools import ExplorerTools
+from workbench.views.figure_widget import FigureWidget
 from workbench.views.plans import fig_bucket_layout
 from workbench.views.rank_inspector import rank_inspector_html
 from workbench.views.shard_map import MAX_ARRAY_GROUPS, fig_rank_load, fig_shard_map
@@ -126,8 +126,8 @@ class LayoutExplorer(ExplorerTools, widgets.VBox):
             "link": widgets.Dropdown(options=list(LINKS), value=next(iter(LINKS)), description="link (cost)",
                                      layout=widgets.Layout(width="360px"), **wide),
         }
-        self.figures: dict[str, go.FigureWidget] = {
-            name: watch_drawn(go.FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH))) for name in FIGURES
+        self.figures: dict[str, FigureWidget] = {
+            name: watch_drawn(FigureWidget(layout=dict(template=TEMPLATE, width=FIGURE_WIDTH))) for name in FIGURES
         }
         self.status, self.cost, self.code = (widgets.HTML() for _ in range(3))
         # A table wider than the notebook scrolls sideways rather than losing its right columns.
