@@ -442,8 +442,8 @@ def lab_page(browser, jupyterlab):
 #: Makes the page's import of plotly's widget code (a module of about 5 MB, imported from a blob) take 10 s more, as on
 #: a busy machine: the figures that wait for it miss the 2 s anywidget allows a widget to start, and are drawn late,
 #: blank, without the kernel's edits (CI's explorers; here notebook 01's three figures). Counts the page's imports of
-#: that code (``window.workbenchPlotlyImports``: once a page, figure_widget) and the plot elements it has shown
-#: (``window.workbenchPlotsShown``: a figure drawn again in a new widget is a new element).
+#: that code (``window.workbenchPlotlyImports``: once a page, figure_widget) and the explorer's plot elements it has
+#: shown (``window.workbenchPlotsShown``: a figure drawn again in a new widget is a new element).
 FIRST_PLOTLY_WIDGET_IMPORT_SLOW = """(() => { const make = URL.createObjectURL.bind(URL); window.workbenchPlotlyImports = 0;
     URL.createObjectURL = obj => {
         if (!(obj instanceof Blob && obj.size > 1e6 && /javascript/.test(obj.type))) return make(obj);
@@ -453,7 +453,7 @@ FIRST_PLOTLY_WIDGET_IMPORT_SLOW = """(() => { const make = URL.createObjectURL.b
         return make(new Blob([`export * from "${real}"; export { default } from "${real}";
                                await new Promise(done => setTimeout(done, 10000));`], {type: "text/javascript"})); };
     const shown = new WeakSet(); window.workbenchPlotsShown = 0;
-    setInterval(() => document.querySelectorAll(".js-plotly-plot").forEach(plot => {
+    setInterval(() => document.querySelectorAll(".workbench-layout-explorer .js-plotly-plot").forEach(plot => {
         if (!shown.has(plot)) { shown.add(plot); window.workbenchPlotsShown += 1; } }), 100); })();"""
 
 

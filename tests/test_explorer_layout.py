@@ -266,6 +266,10 @@ def test_a_figure_a_live_page_never_drew_gets_new_widgets_then_is_named_with_the
         assert not any(c is old for w in _walk(explorer) for c in getattr(w, "children", ()))
         assert all(explorer.figures[name] is fw for name, fw in kept.items())
         assert "Not drawn" not in explorer.status.value  # a new widget has its grace
+        # it too started late (the page's one import of plotly's code still pending): drawn from its first state,
+        # edit 0 as the kernel's, but no traces
+        new._js2py_traceDeltas = {"trace_deltas": [], "trace_edit_id": 0}
+        assert new._last_trace_edit_id == 0 and len(new.data) > 0
     page_asks(explorer)  # the last new widget was not drawn either
     assert explorer.probe.redraws == MAX_REDRAWS
     assert "<b>Not drawn:</b> shard_map." in explorer.status.value and "Re-run this cell" in explorer.status.value

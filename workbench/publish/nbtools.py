@@ -105,7 +105,7 @@ def build_notebooks(out_dir: Path, notebooks: list[Path] | None = None, *, small
             num_cells = len(nbformat.read(path, as_version=4).cells)
             progress.notebook_start(Path(path).name, i, len(paths), num_cells)
         nb = execute_notebook(path, progress=progress, log_dir=out_dir.parent / "logs", **env)
-        strip_for_commit(nb)  # live widgets need a kernel; their saved state is ~5 MB per FigureWidget
+        strip_for_commit(nb)  # live widgets need a kernel; their saved state holds plotly's 5 MB widget code
         html = out_dir / (Path(path).stem + ".html")
         try:
             size = export_html(nb, html)

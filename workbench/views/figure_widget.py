@@ -19,11 +19,14 @@ import traitlets
 
 #: The page's one import of plotly's widget code, per plotly version (two kernels on one page may differ).
 _PAGE_KEY = f"__workbenchPlotlyWidget_{plotly.__version__}"
+#: Seconds after which a page forgets an import of that code still pending (a hung import), so that a redrawn figure
+#: (:func:`~workbench.views.widget_sync.redraw_undrawn`, 25 s after the page drew the explorer) imports it anew.
+FORGET_S = 15
 
 _ESM = """
 const KEY = PAGE_KEY;
-// plotly's widget module: imported once per page from the code the kernel sent once (PlotlyCode); a failed import
-// is forgotten, so the next figure tries again.
+// plotly's widget module: imported once per page from the code the kernel sent once (PlotlyCode). A failed import,
+// or one still pending after FORGET_MS, is forgotten, so the next figure (a redrawn one) tries again.
 function plotlyModule(model) {
   let loading = globalThis[KEY];
   if (!loading) {
@@ -31,9 +34,14 @@ function plotlyModule(model) {
       const ref = model.get("_plotly_code");
       const holder = await model.widget_manager.get_model(ref.slice("IPY_MODEL_".length));
       const url = URL.createObjectURL(new Blob([holder.get("code")], { type: "text/javascript" }));
-      try { return await import(url); } finally { URL.revokeObjectURL(url); }
+      let module;
+      try { module = await import(url); } finally { URL.revokeObjectURL(url); }
+      if (typeof module.default !== "function") throw new Error("[workbench] plotly's widget code has no default export");
+      return module;
     })();
-    loading.catch(() => { if (globalThis[KEY] === loading) delete globalThis[KEY]; });
+    const forget = () => { if (globalThis[KEY] === loading) delete globalThis[KEY]; };
+    const timer = setTimeout(forget, FORGET_MS);
+    loading.then(() => clearTimeout(timer), forget);
   }
   return loading;
 }
@@ -49,7 +57,7 @@ export default () => {
     render(context) { return figure.render(context); },
   };
 };
-""".replace("PAGE_KEY", repr(_PAGE_KEY))
+""".replace("PAGE_KEY", repr(_PAGE_KEY)).replace("FORGET_MS", str(FORGET_S * 1000))
 
 
 class PlotlyCode(widgets.Widget):

@@ -225,9 +225,12 @@ def watch_drawn(fw: go.FigureWidget) -> go.FigureWidget:
     traces back after its first draw and after each edit (``_js2py_traceDeltas``, with the trace edit it drew; its
     layout goes to ``_js2py_widget_layoutDelta``, a name plotly 7.1's Python side does not read). A widget anywidget
     gave up starting (issue 29 item 1) never does, or does late, drawn from the state it was created with: the edits
-    sent meanwhile are lost, so its edit is older than the kernel's and the figure stays undrawn (:func:`undrawn`)."""
+    sent meanwhile are lost, so it reports an older edit, or (a new widget made with its content, edit 0) other
+    traces than the kernel's; either way the figure stays undrawn (:func:`undrawn`)."""
     def drew(change) -> None:
-        if change["new"] and change["new"].get("trace_edit_id") == fw._last_trace_edit_id:
+        report = change["new"]
+        if report and report.get("trace_edit_id") == fw._last_trace_edit_id and \
+                [d.get("uid") for d in report.get("trace_deltas", ())] == [t.uid for t in fw.data]:
             fw._workbench_drawn = True
 
     fw.observe(drew, names="_js2py_traceDeltas")
