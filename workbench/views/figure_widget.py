@@ -20,7 +20,7 @@ import traitlets
 #: The page's one import of plotly's widget code, per plotly version (two kernels on one page may differ).
 _PAGE_KEY = f"__workbenchPlotlyWidget_{plotly.__version__}"
 #: Seconds after which a page forgets an import of that code still pending (a hung import), so that a redrawn figure
-#: (:func:`~workbench.views.widget_sync.redraw_undrawn`, 25 s after the page drew the explorer) imports it anew.
+#: (:func:`~workbench.views.widget_sync.redraw_undrawn`, 20 s after the page drew the explorer) imports it anew.
 FORGET_S = 15
 
 _ESM = """

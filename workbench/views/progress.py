@@ -47,9 +47,9 @@ class LiveProgress:
         self.status = widgets.HTML("starting engines...")
         # Whole steps only: plotly's automatic ticks read 0.5, 1.5 on a three-step run.
         self.figure = FigureWidget(layout=dict(template=TEMPLATE, height=260, margin=dict(t=30, b=30),
-                                                  title=f"{label}: loss", yaxis_title="loss",
-                                                  xaxis=dict(title="step", tick0=0, dtick=max(1, -(-spec.steps // 10)),
-                                                             rangemode="tozero")))
+                                               title=f"{label}: loss", yaxis_title="loss",
+                                               xaxis=dict(title="step", tick0=0, dtick=max(1, -(-spec.steps // 10)),
+                                                          rangemode="tozero")))
         self.figure.add_scatter(x=[], y=[], mode="lines", name="loss (mean over ranks)")
         if floor_nats is not None:
             self.figure.add_hline(y=floor_nats, line_dash="dash", annotation_text="entropy floor")
