@@ -8,6 +8,7 @@ import pytest
 
 from workbench.adapters.jax.compile_cache import CACHE_ENV, compile_cache_dir, enable_compile_cache
 from workbench.launch.plan import plan_launch
+from workbench.ranks.shared_compile import COMPILED, LOADED, compile_folder, compile_step, program_digest
 from workbench.runs.spec import RunSpec
 
 TINY = dict(vocab_size=32, seq_len=8, dim=16, num_layers=1, num_heads=2, mlp_dim=32)
@@ -53,11 +54,76 @@ def test_a_second_run_reads_every_compiled_program_back_and_stores_the_same_reco
     cached = _ranks(second, run_id)
     for rank in cached:
         assert rank["compile_cache"]["folder"] == str(compile_cache_dir())
-        assert rank["compile_cache"]["hits"] + rank["compile_cache"]["misses"] >= 3  # the step and its helpers
-    # rank 0 read every program back (the first run stored them); JAX writes only process 0's entries
+    assert cached[0]["compile_cache"]["hits"] + cached[0]["compile_cache"]["misses"] >= 3  # the step and its helpers
+    # rank 0 read every program back (the first run stored them); JAX writes only process 0's entries. Rank 1
+    # loaded the step rank 0 compiled in the first run; in the second, rank 0's was read back, so it compiled its own.
     assert cached[0]["compile_cache"]["misses"] == 0, cached[0]["compile_cache"]
+    assert [r["step_program"] for r in _ranks(first, run_id)] == [COMPILED, LOADED]
+    assert [r["step_program"] for r in cached] == [COMPILED, COMPILED]
     assert _losses(second, run_id) == _losses(first, run_id)
     for a, b in zip(_ranks(first, run_id), cached):  # the executable read back is the one compiled
         assert a["compiled_collectives"] == b["compiled_collectives"]
         assert a["compiled_memory"] == b["compiled_memory"]
         assert a["collective_path"] == b["collective_path"]
+
+
+def _lowered(width: int = 8):
+    import jax
+    import jax.numpy as jnp
+
+    def f(w, x):
+        return jnp.tanh(x @ w).sum(), x @ w
+
+    args = (jnp.arange(width * width, dtype=jnp.float32).reshape(width, width) / width**2, jnp.ones((4, width)))
+    return jax.jit(f, donate_argnums=1).lower(*args), args
+
+
+def test_a_rank_loads_rank_0s_executable_of_its_own_program_and_it_computes_what_its_own_compile_does(tmp_path):
+    import jax
+    import numpy as np
+
+    lowered, (w, x) = _lowered()
+    text = lowered.as_text()
+    first, how = compile_step(lowered, text, 0, tmp_path)
+    assert how == COMPILED and sorted(p.name for p in tmp_path.iterdir()) == ["step.digest", "step.executable"]
+    loaded, how = compile_step(lowered, text, 1, tmp_path, jax.devices()[:1])
+    assert how == LOADED
+    own = lowered.compile()
+    want = jax.device_get(own(w, x.copy()))
+    for got in (jax.device_get(loaded(w, x.copy())), jax.device_get(first(w, x.copy()))):
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    # the same HLO; only the stack frames JAX appends for the source lines (which file lowered it) may differ
+    assert loaded.as_text().split("\nFileNames")[0] == own.as_text().split("\nFileNames")[0]
+    assert loaded.memory_analysis().temp_size_in_bytes == own.memory_analysis().temp_size_in_bytes
+    other, other_args = _lowered(16)  # another program than rank 0's: compiled, never rank 0's executable run
+    compiled, how = compile_step(other, other.as_text(), 1, tmp_path, jax.devices()[:1])
+    assert how == COMPILED and compiled(*other_args)[1].shape == (4, 16)
+    assert compile_step(lowered, text, 1, None)[1] == COMPILED  # no folder (ranks on other hosts): compiled
+
+
+def test_rank_0s_failed_compile_fails_the_others_at_once_and_a_silent_rank_0_is_bounded(tmp_path):
+    class Broken:
+        def compile(self):
+            raise RuntimeError("no memory for the step")
+
+    lowered, _ = _lowered()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(RuntimeError, match="no memory for the step"):
+        compile_step(Broken(), "program", 0, tmp_path / "a")
+    with pytest.raises(RuntimeError, match="rank 0 could not compile the step: RuntimeError: no memory for the step"):
+        compile_step(lowered, "program", 1, tmp_path / "a", wait_s=60)
+    with pytest.raises(TimeoutError, match=r"rank 0 wrote no compiled step within 0.2 s \(waited for .*step.digest\)"):
+        compile_step(lowered, "program", 1, tmp_path / "b", wait_s=0.2)
+    (tmp_path / "b" / "step.digest").write_text(program_digest("program"))
+    (tmp_path / "b" / "step.unshared").write_text("not serializable")  # rank 0 could not serialize: each compiles
+    assert compile_step(lowered, "program", 1, tmp_path / "b", wait_s=60)[1] == COMPILED
+
+
+def test_only_a_jax_run_of_several_ranks_all_on_this_machine_shares_a_folder():
+    for args in (("mlx", 2, True), ("jax", 1, True), ("jax", 2, False)):
+        with compile_folder(*args) as folder:
+            assert folder is None, args
+    with compile_folder("jax", 2, True) as folder:
+        assert Path(folder).is_dir() and (Path(folder).stat().st_mode & 0o077) == 0  # this user's only
+    assert not Path(folder).exists()

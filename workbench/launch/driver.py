@@ -28,6 +28,7 @@ from workbench.launch.pool import EnginePool
 from workbench.launch.remote import Placement
 from workbench.ranks.entry import train_rank
 from workbench.ranks.phases import PHASE_MODEL, PHASE_STEP, PHASES, read_phases
+from workbench.ranks.shared_compile import compile_folder
 from workbench.runs.factory import import_paths
 from workbench.runs.spec import RunSpec
 from workbench.runs.store import RunStore, run_id_for
@@ -35,11 +36,9 @@ from workbench.runs.store import RunStore, run_id_for
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What became of a run: ``status`` is "done", "failed" or "skipped" (already done).
-
-    ``recovered`` says what the run found and marked failed first: an earlier attempt left running by a
-    driver that died (``"driver died: ..."``), else ``None``.
-    """
+    """What became of a run: ``status`` is "done", "failed" or "skipped" (already done). ``recovered`` says what
+    the run found and marked failed first: an earlier attempt left running by a driver that died
+    (``"driver died: ..."``), else ``None``."""
 
     run_id: str
     status: str
@@ -204,6 +203,7 @@ class _Attempt:
     progress: Callable[[int], None] | None
     on_engines: Callable[[EngineRun], None] | None
     runner: Callable[..., Any]
+    local: bool  # every rank on this machine: a JAX run's ranks compile their step once (ranks.shared_compile)
 
 
 def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float = 60.0, startup_timeout_s: float = 180.0,
@@ -267,10 +267,9 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     meta = {} if user_model is None else {"model_shapes": [[p.path, list(p.shape), p.dtype] for p in user_model.params]}
     backend = "none" if spec.num_ranks == 1 and spec.framework == "mlx" else "ring" if spec.framework == "mlx" else "gloo"
     meta.update(backend=backend, memory_estimate=estimate_run_memory(spec, user_model).as_dict())
-    handle = store.create(spec_dict, meta=meta,
-                          overwrite=not skip_done)
+    handle = store.create(spec_dict, meta=meta, overwrite=not skip_done)
     try:
-        return _run(_Attempt(spec, store, handle, limits, deadline, progress, on_engines, runner))
+        return _run(_Attempt(spec, store, handle, limits, deadline, progress, on_engines, runner, placement.hosts is None))
     finally:
         handle.release()
 
@@ -293,9 +292,10 @@ def _run(attempt: _Attempt) -> RunOutcome:
         paths = tuple(import_paths())  # the user's factory imports on the engines as here
         began = time.monotonic()
         try:
-            return (engines.apply(train_rank, [(spec.to_dict(), str(store.root), handle.run_id, paths)] * spec.num_ranks,
-                                  timeout_s=max(0.1, deadline - began), on_poll=watchdog, poll_s=0.1),
-                    engines.started_s)
+            with compile_folder(spec.framework, spec.num_ranks, attempt.local) as folder:
+                args = (spec.to_dict(), str(store.root), handle.run_id, paths, folder)
+                return (engines.apply(train_rank, [args] * spec.num_ranks, timeout_s=max(0.1, deadline - began),
+                                      on_poll=watchdog, poll_s=0.1), engines.started_s)
         except EngineFailure as err:
             stuck = getattr(err, "stuck", None)
             if stuck is None:  # a rank failed, or the watchdog stopped the run and said why

@@ -22,14 +22,16 @@ from workbench.runs.spec import RunSpec
 from workbench.ranks.phases import PHASE_SPEC, report_phase
 from workbench.runs.store import RunStore
 
-def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple[str, ...] = ()) -> dict:
+def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple[str, ...] = (),
+               compile_folder: str | None = None) -> dict:
     """One rank of a run (executed on an engine whose environment comes from the launch plan).
 
     ``import_paths``: the driver's working directory and the repository root
     (:func:`workbench.runs.factory.import_paths`), put on ``sys.path`` before the spec is rebuilt, so a
     user's ``model_factory`` imports here as it did in the driver, and its relative ``data`` path means
     the same file. Rebuilding the spec checks its token file against ``data_sha256``: this rank trains
-    on the bytes the driver validated, or fails naming the file.
+    on the bytes the driver validated, or fails naming the file. ``compile_folder``: where a JAX run's ranks
+    on this machine share their step's compile (:mod:`workbench.ranks.shared_compile`), or None.
     """
     use_driver_paths(list(import_paths))
     handle = RunStore(Path(runs_root)).open(run_id)
@@ -40,7 +42,7 @@ def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple
         return train_mlx(spec, handle)
     from workbench.ranks.train_jax import train_jax
 
-    return train_jax(spec, handle)
+    return train_jax(spec, handle, compile_folder)
 
 
 def drop_last_run(framework: str) -> None:

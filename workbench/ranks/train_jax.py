@@ -140,7 +140,7 @@ def observed_collective_path(program_text: str, num_ranks: int) -> str:
     return "psum" if "all_reduce" in program_text else "none"
 
 
-def train_jax(spec, handle) -> dict:
+def train_jax(spec, handle, compile_folder: str | None = None) -> dict:
     """One rank of a JAX run of ``spec`` (a :class:`~workbench.runs.spec.RunSpec`), appending to ``handle``.
 
     Every step appends ``{"step", "rank", "loss", "loss_scope": "global", "grad_norm",
@@ -158,7 +158,8 @@ def train_jax(spec, handle) -> dict:
         per step by kind: ``{"all_reduce", "reduce_scatter", "all_gather"}``, as the step asks
         for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
         combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions", "fingerprint_exchange_s",
-        "initial_weights_sha256" (compared before step 0), "compile_cache" (folder, and this run's compiles read
+        "initial_weights_sha256" (compared before step 0), "step_program" (:data:`~workbench.ranks.shared_compile.COMPILED`
+        here, or :data:`~workbench.ranks.shared_compile.LOADED` from rank 0's compile), "compile_cache" (folder, and this run's compiles read
         back and compiled: on an engine a sweep's pool handed on, helpers its earlier runs compiled are in memory
         and counted by neither)}``
         and ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes) when XLA reports it.
@@ -178,6 +179,7 @@ def train_jax(spec, handle) -> dict:
     from workbench.ranks.probes import (jax_device_bytes, jax_measured_memory, package_versions, peak_rss_bytes,
                                         xla_memory_stats)
     from workbench.ranks.profile_probe import rss_above
+    from workbench.ranks.shared_compile import compile_step
 
     cache_at_start = cache_state()
 
@@ -196,7 +198,10 @@ def train_jax(spec, handle) -> dict:
     _check_batch_rows(batch_for_step(0), spec.global_batch, rank, size)
     report_phase(handle, PHASE_COMPILE, rank)
     lowered = run.lower(p, state, batch_for_step(0))
-    compiled = lowered.compile()  # compiles before step 0; a compile error surfaces here
+    program_text = lowered.as_text()
+    # compiled before step 0 (a compile error surfaces here), once for the ranks on this machine (compile_folder)
+    compiled, step_program = compile_step(lowered, program_text, rank, compile_folder, mesh.devices.flat)
+    run.bind(compiled)
     compiled_memory = xla_memory_stats(compiled)
     report_phase(handle, PHASE_STEP, rank)
 
@@ -225,7 +230,7 @@ def train_jax(spec, handle) -> dict:
     cache_now = cache_state()
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"),
                "fingerprint_exchange_s": exchange_s, "initial_weights_sha256": fingerprint["initial_weights"],
-               "collective_path": observed_collective_path(lowered.as_text(), size),
+               "collective_path": observed_collective_path(program_text, size), "step_program": step_program,
                "measured_memory": jax_measured_memory(p, state, compiled_memory, truth),
                "num_collectives": int(step.num_collectives), "collectives": dict(step.collective_counts),
                "compiled_collectives": compiled_program_counts(compiled.as_text()),

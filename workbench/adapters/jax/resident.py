@@ -46,6 +46,11 @@ class ResidentStep:
             return self.step.lower_buckets(resident, opt_state, batch)
         return self.step.lower(resident, opt_state, batch)
 
+    def bind(self, compiled: Any) -> None:
+        """Run ``compiled``, the program :meth:`lower` gave compiled (here, or by another rank), from now on: the
+        jitted step would compile it again."""
+        self.step.bind(compiled, bucketed=self.bucketed)
+
     def __call__(self, resident: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict]:
         """One step: ``(resident, opt_state, metrics)``. FSDP donates ``resident`` and ``opt_state``
         (they are deleted): pass on the returned ones."""

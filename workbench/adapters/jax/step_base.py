@@ -206,6 +206,11 @@ class StepBase:
         ``.compile().memory_analysis()`` XLA's buffer sizes in bytes."""
         return self._step.lower(*args)
 
+    def bind(self, compiled: Any, *, bucketed: bool = False) -> None:
+        """Run ``compiled`` (this step's lowered program, compiled) in place of the jitted step from now on;
+        ``bucketed``: FSDP's resident step (``step_buckets``) rather than ``step``."""
+        setattr(self, "_step_buckets" if bucketed else "_step", compiled)
+
     def init(self, params: Any) -> Any:
         """The optimizer state for ``params`` (FSDP: per bucket a 1-D array of N*c elements
         sharded ``P(axis)``, so each device holds its 1/N; DDP: replicated)."""

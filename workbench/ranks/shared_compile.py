@@ -1,0 +1,126 @@
+"""One compile of a step for all the JAX ranks on one machine: rank 0 compiles, the others load its executable.
+
+Every rank of a JAX run lowers the same SPMD program and, left alone, compiles it: N ranks on one machine
+compile N times at once, on the same cores. On CPU JAX cannot share that work itself: its compile cache keys a
+program by the compiling process's own topology, so a rank other than 0 never reads rank 0's entry, and JAX's
+``jax_share_binary_between_hosts`` waits for a key that no other rank writes (tried with jax 0.10.2: it timed
+out). So, for the ranks of a run on this machine (the driver hands them a private folder; ranks on other
+hosts get none and compile their own, since XLA compiles for the CPU it runs on):
+
+* rank 0 writes the digest of its lowered program, compiles it, and writes the executable
+  (:func:`jax.experimental.serialize_executable.serialize`) beside it. Where it read the program back from
+  the compile cache instead, it shares nothing (such an executable does not load in another process), and
+  each rank reads or compiles its own, as without this module;
+* every other rank waits for the digest: where it is its own program's, it loads rank 0's executable
+  (``deserialize_and_load``) instead of compiling; where it differs, or rank 0 could not serialize, it
+  compiles its own. A failed compile on rank 0 is written there too, so the others fail at once, naming it.
+
+A loaded executable is the one rank 0 runs: same program, same options, the same device assignment (the
+tests compare such runs with runs whose ranks each compiled). Loading runs machine code rank 0 wrote, so the
+folder is the driver's own (``mkdtemp``: readable by this user only) and never comes from a file a user edits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from workbench.adapters.jax.compile_cache import compile_cache_state
+from workbench.runs.atomic import write_atomic
+
+#: Longest wait for rank 0's executable; the driver's startup watchdog ends a stuck run sooner.
+PEER_WAIT_S = 900.0
+#: How the step's executable came to this rank (the run summary's ``step_program``).
+COMPILED, LOADED = "compiled here", "loaded from rank 0"
+_DIGEST, _EXECUTABLE, _FAILED, _UNSHARED = "step.digest", "step.executable", "step.failed", "step.unshared"
+
+
+@contextlib.contextmanager
+def compile_folder(framework: str, num_ranks: int, local: bool) -> Iterator[str | None]:
+    """The folder one attempt's ranks share their step's compile through (this user's only, removed after): for
+    a JAX run of several ranks all on this machine (``local``); None for any other run."""
+    if framework != "jax" or num_ranks < 2 or not local:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="workbench-compile-")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def program_digest(program_text: str) -> str:
+    """The sha256 of a lowered program's text: ranks share an executable only for the same program."""
+    return hashlib.sha256(program_text.encode()).hexdigest()
+
+
+def compile_step(lowered: Any, program_text: str, rank: int, folder: str | Path | None, devices: Any = None,
+                 wait_s: float = PEER_WAIT_S) -> tuple[Any, str]:
+    """``(compiled, how)``: ``lowered`` compiled here (``how`` is :data:`COMPILED`), or, on a rank other than 0
+    given ``folder``, rank 0's executable of the same program loaded (:data:`LOADED`) onto ``devices`` (the
+    program's, in its mesh's order; needed with a ``folder``). ``program_text`` is ``lowered.as_text()`` (the
+    caller has it already).
+
+    Raises:
+        RuntimeError: rank 0 failed to compile the program (its error is in the message).
+        TimeoutError: rank 0 wrote nothing within ``wait_s`` seconds.
+    """
+    if folder is None:
+        return lowered.compile(), COMPILED
+    folder, digest = Path(folder), program_digest(program_text)
+    if rank == 0:
+        return _compile_and_share(lowered, folder, digest), COMPILED
+    if _wait_for(folder / _DIGEST, folder, wait_s).read_text() != digest:
+        return lowered.compile(), COMPILED  # another program than rank 0's: never someone else's executable
+    shared = _wait_for(folder / _EXECUTABLE, folder, wait_s, also=folder / _UNSHARED)
+    if shared.name == _UNSHARED:
+        return lowered.compile(), COMPILED
+    import jax
+    from jax.experimental.serialize_executable import deserialize_and_load
+
+    in_tree = jax.tree_util.tree_flatten(lowered.args_info)[1]
+    return deserialize_and_load(shared.read_bytes(), in_tree, lowered.out_tree,
+                                execution_devices=list(devices)), LOADED
+
+
+def _compile_and_share(lowered: Any, folder: Path, digest: str) -> Any:
+    write_atomic(folder / _DIGEST, digest)
+    hits = compile_cache_state()["hits"]
+    try:
+        compiled = lowered.compile()
+    except Exception as err:
+        write_atomic(folder / _FAILED, f"{type(err).__name__}: {err}")
+        raise
+    if compile_cache_state()["hits"] > hits:
+        # Read back from the compile cache: serialized again, such an executable lacks its functions where another
+        # process loads it ("Function ... not found", jax 0.10.2), so each rank reads or compiles its own.
+        write_atomic(folder / _UNSHARED, "rank 0 read its step from the compile cache")
+        return compiled
+    from jax.experimental.serialize_executable import serialize
+
+    try:
+        blob = serialize(compiled)[0]
+    except (ValueError, NotImplementedError) as err:  # a program JAX cannot serialize: each rank compiles
+        write_atomic(folder / _UNSHARED, str(err))
+        return compiled
+    write_atomic(folder / _EXECUTABLE, blob)
+    return compiled
+
+
+def _wait_for(path: Path, folder: Path, wait_s: float, also: Path | None = None) -> Path:
+    """``path`` (or ``also``) once it exists; raises at once where rank 0 wrote its failure."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for found in (path, also):
+            if found is not None and found.exists():
+                return found
+        if (folder / _FAILED).exists():
+            raise RuntimeError(f"rank 0 could not compile the step: {(folder / _FAILED).read_text()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 wrote no compiled step within {wait_s:g} s (waited for {path})")
+        time.sleep(0.02)
