@@ -84,9 +84,10 @@ def test_a_rank_loads_rank_0s_executable_of_its_own_program_and_it_computes_what
 
     lowered, (w, x) = _lowered()
     text = lowered.as_text()
-    first, how = compile_step(lowered, text, 0, tmp_path)
+    one = jax.devices()[:1]
+    first, how = compile_step(lowered, text, 0, tmp_path, one)
     assert how == COMPILED and sorted(p.name for p in tmp_path.iterdir()) == ["step.digest", "step.executable"]
-    loaded, how = compile_step(lowered, text, 1, tmp_path, jax.devices()[:1])
+    loaded, how = compile_step(lowered, text, 1, tmp_path, one)
     assert how == LOADED
     own = lowered.compile()
     want = jax.device_get(own(w, x.copy()))
@@ -96,28 +97,54 @@ def test_a_rank_loads_rank_0s_executable_of_its_own_program_and_it_computes_what
     assert loaded.as_text().split("\nFileNames")[0] == own.as_text().split("\nFileNames")[0]
     assert loaded.memory_analysis().temp_size_in_bytes == own.memory_analysis().temp_size_in_bytes
     other, other_args = _lowered(16)  # another program than rank 0's: compiled, never rank 0's executable run
-    compiled, how = compile_step(other, other.as_text(), 1, tmp_path, jax.devices()[:1])
+    compiled, how = compile_step(other, other.as_text(), 1, tmp_path, one)
     assert how == COMPILED and compiled(*other_args)[1].shape == (4, 16)
     assert compile_step(lowered, text, 1, None)[1] == COMPILED  # no folder (ranks on other hosts): compiled
+    with pytest.raises(ValueError, match="must name the program's devices"):
+        compile_step(lowered, text, 1, tmp_path)
+    tmp_path.chmod(0o755)  # a folder others may read is refused before anything is loaded from it
+    with pytest.raises(PermissionError, match="this user alone"):
+        compile_step(lowered, text, 1, tmp_path, one)
 
 
 def test_rank_0s_failed_compile_fails_the_others_at_once_and_a_silent_rank_0_is_bounded(tmp_path):
+    import jax
+
     class Broken:
         def compile(self):
             raise RuntimeError("no memory for the step")
 
     lowered, _ = _lowered()
+    one = jax.devices()[:1]
     for name in ("a", "b"):
-        (tmp_path / name).mkdir()
+        (tmp_path / name).mkdir(mode=0o700)
     with pytest.raises(RuntimeError, match="no memory for the step"):
-        compile_step(Broken(), "program", 0, tmp_path / "a")
+        compile_step(Broken(), "program", 0, tmp_path / "a", one)
     with pytest.raises(RuntimeError, match="rank 0 could not compile the step: RuntimeError: no memory for the step"):
-        compile_step(lowered, "program", 1, tmp_path / "a", wait_s=60)
-    with pytest.raises(TimeoutError, match=r"rank 0 wrote no compiled step within 0.2 s \(waited for .*step.digest\)"):
-        compile_step(lowered, "program", 1, tmp_path / "b", wait_s=0.2)
-    (tmp_path / "b" / "step.digest").write_text(program_digest("program"))
+        compile_step(lowered, "program", 1, tmp_path / "a", one, wait_s=60)
+    with pytest.raises(TimeoutError, match=r"rank 0 wrote neither .* within 0.2 s \(waited for .*step.digest\)"):
+        compile_step(lowered, "program", 1, tmp_path / "b", one, wait_s=0.2)
+    (tmp_path / "b" / "step.digest").write_text(program_digest("program", [d.id for d in one]))
+    with pytest.raises(TimeoutError, match=r"waited for .*step.executable"):  # one bound for both waits
+        compile_step(lowered, "program", 1, tmp_path / "b", one, wait_s=0.2)
     (tmp_path / "b" / "step.unshared").write_text("not serializable")  # rank 0 could not serialize: each compiles
-    assert compile_step(lowered, "program", 1, tmp_path / "b", wait_s=60)[1] == COMPILED
+    assert compile_step(lowered, "program", 1, tmp_path / "b", one, wait_s=60)[1] == COMPILED
+
+
+def test_a_program_that_cannot_be_serialized_is_compiled_by_each_rank(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    def noisy(x):
+        jax.debug.print("x sums to {}", x.sum())  # a host callback: JAX cannot pickle it
+        return x * 2
+
+    lowered, one = jax.jit(noisy).lower(jnp.ones(4)), jax.devices()[:1]
+    compiled, how = compile_step(lowered, lowered.as_text(), 0, tmp_path, one)
+    assert how == COMPILED and (tmp_path / "step.unshared").exists() and not (tmp_path / "step.executable").exists()
+    assert "pickle" in (tmp_path / "step.unshared").read_text().lower()
+    compiled, how = compile_step(lowered, lowered.as_text(), 1, tmp_path, one, wait_s=60)
+    assert how == COMPILED and float(compiled(jnp.ones(4)).sum()) == 8.0
 
 
 def test_only_a_jax_run_of_several_ranks_all_on_this_machine_shares_a_folder():

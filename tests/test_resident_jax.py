@@ -39,11 +39,20 @@ def test_the_loop_runs_fsdp_on_donated_buckets_and_equals_the_pytree_step_and_dd
     assert "all_to_all" in run.lower(resident, state, batch).as_text()
     tree, tree_state = p, fsdp.init(p)
     dp, dp_state = ref.enter(p), ddp.init(p)
+    # the same step, bound to its compiled program as train_jax binds it (compiled here, or loaded from rank 0's)
+    bound = ResidentStep(make_fsdp_step(mlp_loss, params, opt, mesh, layout=layout, communication_size=CAP, **accum))
+    held, held_state = bound.enter(p), bound.step.init(p)
+    jitted = bound.step._step_buckets
+    bound.bind(bound.lower(held, held_state, batch).compile())
     assert dp is p  # DDP's resident form is its pytree
     for _ in range(STEPS):
         before = resident
         resident, state, m = run(resident, state, batch)
         assert all(b.is_deleted() for b in before)  # donated: XLA wrote the next buffers into them
+        previous = held
+        held, held_state, mb = bound(held, held_state, batch)
+        assert all(b.is_deleted() for b in previous) and mb["num_collectives"] == m["num_collectives"]
+        assert [np.asarray(b).tobytes() for b in held] == [np.asarray(b).tobytes() for b in resident]
         tree, tree_state, mt = fsdp.step(tree, tree_state, batch)
         dp, dp_state, md = ref(dp, dp_state, batch)
         assert (float(m["loss"]), float(m["grad_norm"])) == (float(mt["loss"]), float(mt["grad_norm"]))
@@ -52,3 +61,4 @@ def test_the_loop_runs_fsdp_on_donated_buckets_and_equals_the_pytree_step_and_dd
         np.testing.assert_array_equal(a, t)  # bit-identical to the pytree step
         np.testing.assert_allclose(a, d, rtol=1e-5, atol=1e-6)  # and DDP's within test_jax_fsdp's tolerance
     assert not any(b.is_deleted() for b in resident)  # reading the parameters out keeps the buffers
+    assert jitted._cache_size() == 0  # the bound step never called (so never compiled again) the jitted one

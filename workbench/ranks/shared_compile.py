@@ -7,33 +7,37 @@ program by the compiling process's own topology, so a rank other than 0 never re
 out). So, for the ranks of a run on this machine (the driver hands them a private folder; ranks on other
 hosts get none and compile their own, since XLA compiles for the CPU it runs on):
 
-* rank 0 writes the digest of its lowered program, compiles it, and writes the executable
-  (:func:`jax.experimental.serialize_executable.serialize`) beside it. Where it read the program back from
-  the compile cache instead, it shares nothing (such an executable does not load in another process), and
-  each rank reads or compiles its own, as without this module;
+* rank 0 writes the digest of its lowered program (with its devices, ``$XLA_FLAGS`` and JAX's version),
+  compiles it, and writes the executable (:func:`jax.experimental.serialize_executable.serialize`) beside it.
+  Where it read the program back from a compile cache instead (such an executable does not run in another
+  process), or cannot serialize or write it (a host callback such as ``jax.debug.print`` does not pickle), it
+  says so and shares nothing: each rank reads or compiles its own, as without this module;
 * every other rank waits for the digest: where it is its own program's, it loads rank 0's executable
   (``deserialize_and_load``) instead of compiling; where it differs, or rank 0 could not serialize, it
   compiles its own. A failed compile on rank 0 is written there too, so the others fail at once, naming it.
 
 A loaded executable is the one rank 0 runs: same program, same options, the same device assignment (the
 tests compare such runs with runs whose ranks each compiled). Loading runs machine code rank 0 wrote, so the
-folder is the driver's own (``mkdtemp``: readable by this user only) and never comes from a file a user edits.
+folder is the driver's own (``mkdtemp``: readable by this user only, checked before loading) and never comes
+from a file a user edits. If the driver is killed, its engines go with it (:mod:`workbench.launch.reaper`) but
+its folder stays in the system's temporary folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-from workbench.adapters.jax.compile_cache import compile_cache_state
 from workbench.runs.atomic import write_atomic
 
-#: Longest wait for rank 0's executable; the driver's startup watchdog ends a stuck run sooner.
+#: Longest wait for rank 0's digest and executable, both together; the driver's startup watchdog (180 s unless
+#: the caller sets another) ends a stuck run sooner.
 PEER_WAIT_S = 900.0
 #: How the step's executable came to this rank (the run summary's ``step_program``).
 COMPILED, LOADED = "compiled here", "loaded from rank 0"
@@ -54,9 +58,14 @@ def compile_folder(framework: str, num_ranks: int, local: bool) -> Iterator[str 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def program_digest(program_text: str) -> str:
-    """The sha256 of a lowered program's text: ranks share an executable only for the same program."""
-    return hashlib.sha256(program_text.encode()).hexdigest()
+def program_digest(program_text: str, device_ids: Sequence[int] = ()) -> str:
+    """The sha256 of a lowered program's text, the ids of its devices in mesh order, ``$XLA_FLAGS`` and JAX's
+    version: ranks share an executable only for the same program, compiled alike."""
+    from importlib import metadata
+
+    versions = [metadata.version(name) for name in ("jax", "jaxlib")]
+    key = repr((program_text, list(device_ids), os.environ.get("XLA_FLAGS", ""), versions))
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def compile_step(lowered: Any, program_text: str, rank: int, folder: str | Path | None, devices: Any = None,
@@ -68,53 +77,83 @@ def compile_step(lowered: Any, program_text: str, rank: int, folder: str | Path 
 
     Raises:
         RuntimeError: rank 0 failed to compile the program (its error is in the message).
-        TimeoutError: rank 0 wrote nothing within ``wait_s`` seconds.
+        TimeoutError: rank 0 wrote neither its executable nor why not within ``wait_s`` seconds.
+        ValueError: ``folder`` without ``devices``.
+        PermissionError: the folder is not this user's alone (others could have written the executable).
     """
     if folder is None:
         return lowered.compile(), COMPILED
-    folder, digest = Path(folder), program_digest(program_text)
+    if devices is None:
+        raise ValueError("compile_step: a rank sharing a folder must name the program's devices (its mesh's)")
+    devices = list(devices)
+    folder, digest = Path(folder), program_digest(program_text, [d.id for d in devices])
     if rank == 0:
         return _compile_and_share(lowered, folder, digest), COMPILED
-    if _wait_for(folder / _DIGEST, folder, wait_s).read_text() != digest:
+    deadline = time.monotonic() + wait_s  # one bound for both waits
+    if _wait_for(folder / _DIGEST, folder, deadline, wait_s).read_text() != digest:
         return lowered.compile(), COMPILED  # another program than rank 0's: never someone else's executable
-    shared = _wait_for(folder / _EXECUTABLE, folder, wait_s, also=folder / _UNSHARED)
+    shared = _wait_for(folder / _EXECUTABLE, folder, deadline, wait_s, also=folder / _UNSHARED)
     if shared.name == _UNSHARED:
         return lowered.compile(), COMPILED
+    _check_private(folder)
     import jax
     from jax.experimental.serialize_executable import deserialize_and_load
 
     in_tree = jax.tree_util.tree_flatten(lowered.args_info)[1]
-    return deserialize_and_load(shared.read_bytes(), in_tree, lowered.out_tree,
-                                execution_devices=list(devices)), LOADED
+    return deserialize_and_load(shared.read_bytes(), in_tree, lowered.out_tree, execution_devices=devices), LOADED
+
+
+def _check_private(folder: Path) -> None:
+    """Loading an executable runs its code: the folder must be this user's alone (as ``mkdtemp`` makes it)."""
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{folder}: a compiled step is loaded only from a folder this user alone can write "
+                              f"(owner uid {info.st_uid}, mode {info.st_mode & 0o777:o})")
 
 
 def _compile_and_share(lowered: Any, folder: Path, digest: str) -> Any:
     write_atomic(folder / _DIGEST, digest)
-    hits = compile_cache_state()["hits"]
+    _listen()
+    hits = _cache_hits[0]
     try:
         compiled = lowered.compile()
     except Exception as err:
         write_atomic(folder / _FAILED, f"{type(err).__name__}: {err}")
         raise
-    if compile_cache_state()["hits"] > hits:
-        # Read back from the compile cache: serialized again, such an executable lacks its functions where another
-        # process loads it ("Function ... not found", jax 0.10.2), so each rank reads or compiles its own.
+    if _cache_hits[0] > hits:
+        # Read back from a compile cache (the workbench's, or one JAX was given otherwise): serialized again, such
+        # an executable lacks its functions where another process runs it ("Function ... not found", jax 0.10.2),
+        # so each rank reads or compiles its own.
         write_atomic(folder / _UNSHARED, "rank 0 read its step from the compile cache")
         return compiled
     from jax.experimental.serialize_executable import serialize
 
     try:
-        blob = serialize(compiled)[0]
-    except (ValueError, NotImplementedError) as err:  # a program JAX cannot serialize: each rank compiles
-        write_atomic(folder / _UNSHARED, str(err))
-        return compiled
-    write_atomic(folder / _EXECUTABLE, blob)
+        write_atomic(folder / _EXECUTABLE, serialize(compiled)[0])
+    except Exception as err:  # not serializable (a host callback, say), or not written: each rank compiles its own
+        write_atomic(folder / _UNSHARED, f"{type(err).__name__}: {err}")
     return compiled
 
 
-def _wait_for(path: Path, folder: Path, wait_s: float, also: Path | None = None) -> Path:
-    """``path`` (or ``also``) once it exists; raises at once where rank 0 wrote its failure."""
-    deadline = time.monotonic() + wait_s
+_cache_hits = [0]  # JAX's compile-cache hits in this process, counted from the first compile_step
+
+
+def _listen() -> None:
+    """Count JAX's compile-cache hits whoever turned the cache on (the workbench's count starts only with its own)."""
+    if not getattr(_listen, "on", False):
+        import jax.monitoring
+
+        def count(event: str, **_) -> None:
+            if event == "/jax/compilation_cache/cache_hits":
+                _cache_hits[0] += 1
+
+        jax.monitoring.register_event_listener(count)
+        _listen.on = True
+
+
+def _wait_for(path: Path, folder: Path, deadline: float, wait_s: float, also: Path | None = None) -> Path:
+    """``path`` (or ``also``) once it exists, before ``deadline`` (``time.monotonic``); raises at once where rank 0
+    wrote its failure."""
     while True:
         for found in (path, also):
             if found is not None and found.exists():
@@ -122,5 +161,6 @@ def _wait_for(path: Path, folder: Path, wait_s: float, also: Path | None = None)
         if (folder / _FAILED).exists():
             raise RuntimeError(f"rank 0 could not compile the step: {(folder / _FAILED).read_text()}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"rank 0 wrote no compiled step within {wait_s:g} s (waited for {path})")
+            raise TimeoutError(f"rank 0 wrote neither its compiled step nor why not within {wait_s:g} s "
+                               f"(waited for {path})")
         time.sleep(0.02)

@@ -6,7 +6,9 @@ ranks in the next run of a sweep, a rebuilt notebook or another test. With the c
 on this machine is read back instead: keyed by JAX on the program, the compile options, the devices and
 JAX's own version, so the executable read back is the one a compile would make (the tests compare records
 of cached and compiled runs, compiled collectives and XLA's memory plan included). On CPU across processes only
-rank 0's programs are read back (:func:`compile_cache_state`): the compile saved is one rank's in N.
+rank 0's programs are read back (:func:`compile_cache_state`). Where rank 0 compiles instead, the other ranks
+on its machine load its executable (:mod:`workbench.ranks.shared_compile`); where it reads its step back, they
+compile theirs.
 
 The folder is ``$WORKBENCH_JAX_CACHE``, else ``~/.cache/workbench/jax`` (beside the clusters' files of
 :func:`~workbench.launch.cluster_files.cluster_profile_dir`); ``WORKBENCH_JAX_CACHE=off`` compiles every
@@ -44,7 +46,8 @@ def compile_cache_state() -> dict:
     its compiles answered from the cache and compiled since :func:`enable_compile_cache`; what a run records.
 
     On CPU across processes JAX keys a program by the process's own device and writes entries from process 0
-    only, so rank 0 reads its steps back and the other ranks compile theirs (their misses)."""
+    only, so rank 0 reads its steps back and the other ranks compile theirs (their misses), or load rank 0's
+    fresh compile of the step (:mod:`workbench.ranks.shared_compile`; counted by neither)."""
     return {"folder": _state["folder"], "hits": _state["hits"], "misses": _state["requests"] - _state["hits"]}
 
 

@@ -208,7 +208,8 @@ class StepBase:
 
     def bind(self, compiled: Any, *, bucketed: bool = False) -> None:
         """Run ``compiled`` (this step's lowered program, compiled) in place of the jitted step from now on;
-        ``bucketed``: FSDP's resident step (``step_buckets``) rather than ``step``."""
+        ``bucketed``: FSDP's resident step (``step_buckets``) rather than ``step``. The bound step takes only
+        arguments of the lowered shapes, dtypes and shardings (a training loop's), and is not lowered again."""
         setattr(self, "_step_buckets" if bucketed else "_step", compiled)
 
     def init(self, params: Any) -> Any:
