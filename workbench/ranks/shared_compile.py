@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from workbench.adapters.jax.compile_cache import cache_hits, count_cache_events
 from workbench.runs.atomic import write_atomic
 
 #: Longest wait for rank 0's digest and executable, both together; the driver's startup watchdog (180 s unless
@@ -113,14 +114,14 @@ def _check_private(folder: Path) -> None:
 
 def _compile_and_share(lowered: Any, folder: Path, digest: str) -> Any:
     write_atomic(folder / _DIGEST, digest)
-    _listen()
-    hits = _cache_hits[0]
+    count_cache_events()  # whoever turned a compile cache on: the workbench, or JAX_COMPILATION_CACHE_DIR
+    hits = cache_hits()
     try:
         compiled = lowered.compile()
     except Exception as err:
         write_atomic(folder / _FAILED, f"{type(err).__name__}: {err}")
         raise
-    if _cache_hits[0] > hits:
+    if cache_hits() > hits:
         # Read back from a compile cache (the workbench's, or one JAX was given otherwise): serialized again, such
         # an executable lacks its functions where another process runs it ("Function ... not found", jax 0.10.2),
         # so each rank reads or compiles its own.
@@ -133,22 +134,6 @@ def _compile_and_share(lowered: Any, folder: Path, digest: str) -> Any:
     except Exception as err:  # not serializable (a host callback, say), or not written: each rank compiles its own
         write_atomic(folder / _UNSHARED, f"{type(err).__name__}: {err}")
     return compiled
-
-
-_cache_hits = [0]  # JAX's compile-cache hits in this process, counted from the first compile_step
-
-
-def _listen() -> None:
-    """Count JAX's compile-cache hits whoever turned the cache on (the workbench's count starts only with its own)."""
-    if not getattr(_listen, "on", False):
-        import jax.monitoring
-
-        def count(event: str, **_) -> None:
-            if event == "/jax/compilation_cache/cache_hits":
-                _cache_hits[0] += 1
-
-        jax.monitoring.register_event_listener(count)
-        _listen.on = True
 
 
 def _wait_for(path: Path, folder: Path, deadline: float, wait_s: float, also: Path | None = None) -> Path:

@@ -41,6 +41,22 @@ def _count(event: str, **_) -> None:
         _state[EVENTS[event]] += 1
 
 
+def count_cache_events() -> None:
+    """Count this process's compiles that looked in a compile cache and those it answered, from now on, whoever
+    turned the cache on (registered once; :func:`enable_compile_cache` calls it)."""
+    global _listening
+    if not _listening:
+        import jax.monitoring
+
+        jax.monitoring.register_event_listener(_count)
+        _listening = True
+
+
+def cache_hits() -> int:
+    """This process's compiles a compile cache answered since :func:`count_cache_events` (any cache's)."""
+    return _state["hits"]
+
+
 def compile_cache_state() -> dict:
     """``{"folder", "hits", "misses"}``: the cache folder this process uses (None: off, or never enabled), and
     its compiles answered from the cache and compiled since :func:`enable_compile_cache`; what a run records.
@@ -48,6 +64,8 @@ def compile_cache_state() -> dict:
     On CPU across processes JAX keys a program by the process's own device and writes entries from process 0
     only, so rank 0 reads its steps back and the other ranks compile theirs (their misses), or load rank 0's
     fresh compile of the step (:mod:`workbench.ranks.shared_compile`; counted by neither)."""
+    if _state["folder"] is None:  # never enabled here: nothing of this cache's to count
+        return {"folder": None, "hits": 0, "misses": 0}
     return {"folder": _state["folder"], "hits": _state["hits"], "misses": _state["requests"] - _state["hits"]}
 
 
@@ -83,20 +101,16 @@ def enable_compile_cache(environ: dict | None = None) -> Path | None:
     Raises:
         ValueError: from :func:`compile_cache_dir`.
     """
-    global _listening
     path = compile_cache_dir(environ)
     if path is None:
         return None
     import jax
-    import jax.monitoring
 
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
-    if not _listening:
-        jax.monitoring.register_event_listener(_count)
-        _listening = True
+    count_cache_events()
     _state["folder"] = str(path)
     return path
