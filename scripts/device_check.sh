@@ -12,9 +12,13 @@
 #   DEVICE=cpu bash scripts/device_check.sh            # a quick dry run on a CPU (fresh venv, CPU extras)
 #   DEVICE=cpu PYTHON=python3 bash scripts/device_check.sh   # the dry run in an environment already set up
 #
-# Settings (environment): DEVICE gpu|cpu (default gpu); PYTHON an interpreter to use as it is (no venv, no
+# Settings (environment): DEVICE gpu|cpu (default gpu); CUDA 12|13, the CUDA build to install (default 12: the
+# extra `cuda`; 13: `cuda13`, for a driver with CUDA 13's libraries); PYTHON an interpreter to use as it is (no venv, no
 # install); VENV where to make the venv (default: a temporary folder, removed at exit); BUDGET_S the check's
 # bound in seconds (default 480: 8 minutes; the install is not counted); OUT the run store (default: temporary).
+# A GPU machine without the package index (the lent H100 of 2026-11-28): PYTHON=python3 with its own JAX, and
+# mlx + mlx-cuda-13 unpacked into that Python's site-packages (libmlx's RPATH finds the CUDA libraries beside it),
+# ipyparallel and its needs as wheels on PYTHONPATH, the repository there too. mlx-cuda-13's wheel is 90 MB.
 # On a JAX rank the launch plan picks the CPU (its gloo backend sets JAX_PLATFORMS=cpu), so JAX's device
 # numbers are those of step 3; step 2's JAX row says which device it ran on.
 set -euo pipefail
@@ -22,6 +26,7 @@ cd "$(dirname "$0")/.."
 DEVICE="${DEVICE:-gpu}"
 BUDGET_S="${BUDGET_S:-480}"
 case "$DEVICE" in gpu|cpu) ;; *) echo "device_check: DEVICE=$DEVICE: choose gpu or cpu" >&2; exit 2 ;; esac
+case "${CUDA:-12}" in 12) cuda_extra=cuda ;; 13) cuda_extra=cuda13 ;; *) echo "device_check: CUDA=$CUDA: choose 12 or 13" >&2; exit 2 ;; esac
 case "$BUDGET_S" in ''|*[!0-9]*) echo "device_check: BUDGET_S=$BUDGET_S: a whole number of seconds" >&2; exit 2 ;; esac
 scratch="$(mktemp -d -t device-check.XXXXXX)"
 trap 'rm -rf "$scratch"' EXIT
@@ -41,7 +46,7 @@ else
     echo "device_check: this check installs MLX and JAX from PyPI; give the machine the index, or PYTHON=..." >&2
     exit 2
   fi
-  if [ "$DEVICE" = gpu ]; then extras="cuda,notebook"; else extras="mlx,mlx-lm,jax,notebook"; fi
+  if [ "$DEVICE" = gpu ]; then extras="$cuda_extra,notebook"; else extras="mlx,mlx-lm,jax,notebook"; fi
   echo "device_check: installing .[$extras] into $venv (pins: constraints.txt)"
   t0=$SECONDS
   if ! timeout 900 "$PY" -m pip install -q -e ".[$extras]" -c constraints.txt >"$scratch/install.log" 2>&1; then

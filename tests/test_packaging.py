@@ -109,7 +109,9 @@ def test_environment_yml_agrees_with_pyproject():
     assert line.startswith("-e ") and extras == {"all", "test"}
     all_extras = set(re.search(r"\[(.*)\]", optional["all"][0]).group(1).split(","))
     # Every extra is in `all` but the test tools and the CUDA builds (a CPU machine cannot install those).
-    assert all_extras | {"all", "test", "cuda"} == set(optional)
+    assert all_extras | {"all", "test", "cuda", "cuda13"} == set(optional)
+    # The two CUDA extras differ in the CUDA major version alone.
+    assert [x.replace("cuda13", "cuda12") for x in optional["cuda13"]] == optional["cuda"]
     # The pins of constraints.txt lie inside conda's bounds too.
     pins = pinned()
     pypi_name = {v: k for k, v in CONDA_NAMES.items()}
