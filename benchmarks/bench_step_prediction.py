@@ -34,7 +34,7 @@ from workbench.launch.benchmark import run_collective_benchmark
 from workbench.launch.driver import run_training
 from workbench.launch.profile import profile_model
 from workbench.runs.estimate import spec_from_row, step_time_validation
-from workbench.runs.profile import estimate_with_profile
+from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 from workbench.studies.step_time import fit_links, links_table, load_collective_benchmarks

@@ -3,7 +3,7 @@
 # builds) into a fresh virtual environment, then, within 8 minutes on one GPU, runs
 #   1. the profile of the built-in LM, once per framework (workbench.launch.profile.profile_model);
 #   2. the single-device step (a 1-rank run, workbench.launch.driver.run_training) and its peak memory held
-#      to 10% of the prediction made from that profile (runs.profile.estimate_with_profile), its step time
+#      to 10% of the prediction made from that profile (runs.profile_estimate.estimate_with_profile), its step time
 #      beside the profile's (compute of the micro-batch + the update);
 #   3. MLX against JAX: the same LM's training step, compiled, on the device, in one process each;
 # and prints one summary table. Exit status: 0 when every peak is held, 1 when one is not, 2 on a setup error.
@@ -100,7 +100,7 @@ from workbench.launch.driver import run_training
 from workbench.launch.profile import profile_model
 from workbench.models.init import LMConfig
 from workbench.runs.estimate import spec_from_row
-from workbench.runs.profile import estimate_with_profile
+from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 

@@ -12,7 +12,7 @@ from workbench.core.paths import REPO_ROOT
 from workbench.launch.driver import run_training
 from workbench.launch.profile import profile_model
 from workbench.runs.estimate import spec_from_row
-from workbench.runs.profile import estimate_with_profile
+from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 

@@ -11,7 +11,8 @@ import workbench.launch.profile as launch_profile
 from workbench.launch.driver import run_training
 from workbench.launch.profile import profile_model
 from workbench.runs.estimate import estimate_run_memory, spec_from_row, step_time_validation
-from workbench.runs.profile import estimate_with_profile, load_profile, profile_path
+from workbench.runs.profile import load_profile, profile_path
+from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 from workbench.studies.design_review import reference_runs_dir

@@ -16,7 +16,10 @@ The model is the run's (:func:`~workbench.ranks.user_model.jax_params_and_loss`)
 Also timed: forward and backward (seconds, the compiled call), forward alone (its own compiled program: what
 a unit-gathering step recomputes in backward), and the jitted optimizer update of the whole
 model (seconds). Last, at the smallest size, the rank's own DDP step on a mesh of this one device
-(:func:`measure_ddp_step`): what it takes beyond forward, backward and update is the step's overhead. Started
+(:func:`measure_ddp_step`): what it takes beyond forward, backward and update is the step's overhead. The same
+step's truth at the smallest and the largest size gives what XLA schedules of the update beside the backward's
+peak (:func:`update_beside_backward`): the one program of forward, backward and update holds more there than
+forward and backward alone. Started
 by :func:`workbench.launch.profile.profile_model` with the threads a rank will have, as many at once as the
 run's ranks per host.
 """
@@ -115,16 +118,21 @@ def measure_jax(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         jax.block_until_ready(forward_fn(params, batch))  # compiled: not timed
         forward.append(timed(lambda: jax.block_until_ready(forward_fn(params, batch)), repeats))
     compiled, batch = programs[sizes[0]]  # the step at the smallest size: its overhead does not grow with b
-    step, bare, step_update = measure_ddp_step(spec, params, loss_fn, batch, repeats,
-                                               bare=lambda: jax.block_until_ready(compiled(params, batch)),
-                                               update=lambda g: jax.block_until_ready(update(g, state, params)))
+    step, bare, step_update, at_smallest = measure_ddp_step(
+        spec, params, loss_fn, batch, repeats, bare=lambda: jax.block_until_ready(compiled(params, batch)),
+        update=lambda g: jax.block_until_ready(update(g, state, params)))
     truth = all(s is not None for row in activation for s in row)
+    beside = None
+    if truth and len(sizes) > 1:
+        at_largest = measure_ddp_step(spec, params, loss_fn, programs[sizes[-1]][1], 0)[3]
+        beside = update_beside_backward(at_smallest, at_largest, max(activation[-1]) + param_bytes)
     return {"framework": "jax", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": param_bytes, "gradient_bytes": param_bytes, "optimizer_state_bytes": state_bytes,
             # where the high-water mark cannot be reset, the plan stands in for the truth (and says so)
             "activation_samples": activation if truth else [[p] for p in planned],
             "compute_s_samples": compute, "forward_s_samples": forward, "update_s": median(update_s),
             "step_s_samples": step, "step_bare_s_samples": bare, "step_update_s_samples": step_update,
+            "update_beside_backward_bytes": beside,
             "truth_source": "VmHWM above VmRSS (clear_refs), less the gradients" if truth else
             "XLA memory_analysis (the process's high-water mark could not be reset)",
             "plan_activation_bytes": planned, "peak_array_bytes": None,
@@ -136,12 +144,29 @@ def measure_jax(spec, sizes: list[int], repeats: int, ready=None) -> dict:
 MIN_STEP_REPEATS = 5
 
 
-def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare, update) -> tuple[list, list, list]:
-    """``(step, bare, update)`` seconds: each of ``max(repeats, MIN_STEP_REPEATS)`` steps of the rank's DDP step
-    (:func:`~workbench.adapters.jax.fsdp.make_ddp_step` on a mesh of this one device, as
-    :mod:`workbench.ranks.train_jax` runs and times it, after one step not timed), right after ``bare()`` (the
-    compiled forward and backward) and ``update(grads)`` (the optimizer's), in threes, so that a change in the
-    machine's load hits all alike."""
+#: The step's rise at the largest size must pass its rise at the smallest by this share before the backward is
+#: taken to set it: below, the update set both, and what it holds beside the backward is not seen.
+BACKWARD_SETS_PEAK = 1.05
+
+
+def update_beside_backward(at_smallest: int | None, at_largest: int | None, backward: int) -> int | None:
+    """Bytes the whole step holds at its peak beyond ``backward`` (forward and backward alone: activations and
+    gradients) at the largest size, where the backward sets the step's peak; 0 where the update set it at both
+    sizes (its copies are the estimate's ``step`` rows); None where the step's truth was not read."""
+    if at_smallest is None or at_largest is None:
+        return None
+    if at_largest <= BACKWARD_SETS_PEAK * at_smallest:
+        return 0
+    return max(0, at_largest - backward)
+
+
+def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare=None, update=None) -> tuple:
+    """``(step, bare, update, rise)``: seconds of each of ``max(repeats, MIN_STEP_REPEATS)`` steps of the rank's DDP
+    step (:func:`~workbench.adapters.jax.fsdp.make_ddp_step` on a mesh of this one device, as
+    :mod:`workbench.ranks.train_jax` runs and times it), right after ``bare()`` (the compiled forward and
+    backward) and ``update(grads)`` (the optimizer's), in threes, so that a change in the machine's load hits all
+    alike; none where ``repeats`` is 0. ``rise``: how far the step after the one that compiled raised the
+    process's resident mark above its arguments, as a rank reads its truth (None where it cannot be read)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
@@ -164,8 +189,10 @@ def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare, update
         jax.block_until_ready((p, state, metrics["loss"], metrics["grad_norm"]))
 
     one_step()  # compiles: not timed
+    gc.collect()
+    rise, _ = rss_above(one_step)
     step, bare_s, update_s = [], [], []
-    for _ in range(max(repeats, MIN_STEP_REPEATS)):
+    for _ in range(max(repeats, MIN_STEP_REPEATS) if repeats else 0):
         t0 = time.perf_counter()
         _, grads = bare()
         bare_s.append(time.perf_counter() - t0)
@@ -176,7 +203,7 @@ def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare, update
         t0 = time.perf_counter()
         one_step()
         step.append(time.perf_counter() - t0)
-    return step, bare_s, update_s
+    return step, bare_s, update_s, rise
 
 
 def main(argv: list[str] | None = None) -> int:

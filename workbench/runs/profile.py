@@ -1,4 +1,4 @@
-"""A model's measured profile (issue 26): its record, where it is cached, and the run estimate made from it.
+"""A model's measured profile (issue 26): its record, and where it is cached.
 
 A rank's peak is mostly activations, and for a model the workbench did not write no formula knows them.
 So the model is measured once, on one process, with the threads a rank will have
@@ -8,9 +8,8 @@ sizes, each fitted as a line in the size (:func:`~workbench.estimate.profile_fit
 optimizer update's seconds per parameter byte, and the rank's real DDP step on a group of one, whose time
 beyond those parts is the step's overhead (:attr:`ModelProfile.step_overhead_s`). Where a run puts several
 ranks on a host, as many profiling processes measure at once (``co_runners``), so the times hold the
-contention for the cores that the ranks will meet. :func:`estimate_with_profile` puts the line's activations
-at the run's micro-batch into the run's estimate (:func:`~workbench.runs.estimate.estimate_run_memory`)
-instead of the closed formula (the built-in LM) or the logits (a user's model).
+contention for the cores that the ranks will meet. :func:`workbench.runs.profile_estimate.estimate_with_profile`
+makes a run's estimate from it.
 
 The cache: one JSON file per profile, ``<runs root>/.profiles/<framework>-<key>.json``, beside the runs
 (a dotted folder, which :func:`workbench.runs.tables.load_runs` passes over), written atomically. The key
@@ -26,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,18 +33,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from workbench.adapters.mlx.blas import expected_blas
-from workbench.estimate.breakdown import MemoryComponent, MemoryEstimate
 from workbench.estimate.profile_fit import LinearFit, fit_from_dict, fit_linear
-from workbench.models.init import LMConfig
 from workbench.runs.atomic import write_atomic
-from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_memory
 
 #: The rank's steps timed in threes: the step, and the bare forward and backward and the update before it.
 STEP_SAMPLES = ("step_s_samples", "step_bare_s_samples", "step_update_s_samples")
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
 #: The record's layout and what its times mean (in the key; another version's file is refused, naming it).
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 
 class ProfileError(ValueError):
@@ -109,6 +105,8 @@ class ModelProfile:
         step_bare_s_samples, step_update_s_samples: Beside each, the bare forward and backward and the update
             timed just before it.
         co_runners: Profiling processes that measured at once (a run's ranks per host); all their seconds are here.
+        update_beside_backward_bytes: JAX: what the whole DDP step holds at its peak beyond forward and backward alone
+            (the update XLA schedules beside the backward), at the largest size; None where not measured.
         parameter_bytes, gradient_bytes, optimizer_state_bytes: The whole model's, on the profiling process.
         update_s: The optimizer's update of the whole model, seconds (median).
         plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
@@ -138,6 +136,7 @@ class ModelProfile:
     step_bare_s_samples: tuple[float, ...] | None = None
     step_update_s_samples: tuple[float, ...] | None = None
     co_runners: int = 1
+    update_beside_backward_bytes: int | None = None
     activation_fit: LinearFit = field(init=False)
     compute_fit: LinearFit = field(init=False)
     forward_fit: LinearFit | None = field(init=False)
@@ -212,7 +211,7 @@ class ModelProfile:
                else list(self.plan_activation_bytes)}
         for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
                      "cost_s", "cost_peak_rss_bytes", "cost_peak_array_bytes", "versions", "cores", "co_runners",
-                     "step_overhead_s"):
+                     "step_overhead_s", "update_beside_backward_bytes"):
             out[name] = getattr(self, name)
         out["activation_fit"], out["compute_fit"] = self.activation_fit.to_dict(), self.compute_fit.to_dict()
         out["forward_fit"] = None if self.forward_fit is None else self.forward_fit.to_dict()
@@ -238,7 +237,9 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
         cores=None if measured.get("cores") is None else int(measured["cores"]),
         **{name: None if measured.get(name) is None else tuple(float(v) for v in measured[name])
            for name in STEP_SAMPLES},
-        co_runners=int(measured.get("co_runners") or 1))
+        co_runners=int(measured.get("co_runners") or 1),
+        update_beside_backward_bytes=None if measured.get("update_beside_backward_bytes") is None
+        else int(measured["update_beside_backward_bytes"]))
 
 
 def save_profile(path: str | Path, profile: ModelProfile) -> Path:
@@ -283,38 +284,3 @@ def load_profile(path: str | Path) -> ModelProfile:
 def _close(a: LinearFit, b: LinearFit) -> bool:
     pairs = zip(a.to_dict().values(), b.to_dict().values())
     return all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in pairs)
-
-
-#: Key fields that decide the activations (threads and versions change times, not which arrays exist).
-MODEL_FIELDS = ("model", "precision", "seq_len", "vocab_size", "framework")
-
-
-def estimate_with_profile(spec: Any, profile: ModelProfile, model_shapes: Any = None) -> MemoryEstimate:
-    """:func:`~workbench.runs.estimate.estimate_run_memory` with the profile's activations for the run's micro-batch.
-
-    The profile measured the whole model's backward with nothing recomputed. Where the run's strategy
-    recomputes each block of the built-in LM in backward (a unit resharded after forward), the profiled
-    bytes are scaled by the closed formula's ratio of recomputed to kept activations; a user's model is one
-    unit, recomputed whole, so its activations are the profile's as measured.
-
-    Raises:
-        ValueError: ``profile`` is of another model, dtype, sequence length, vocabulary or framework (named).
-    """
-    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
-    want = profile_key_fields(fields, None)
-    wrong = [name for name in MODEL_FIELDS if want[name] != profile.key_fields.get(name)]
-    if wrong:
-        raise ValueError(f"the profile {profile.key} is of another {', '.join(wrong)} than this run ("
-                         + "; ".join(f"{n}: {profile.key_fields.get(n)!r}, not {want[n]!r}" for n in wrong) + ")")
-    base = estimate_run_memory(fields, model_shapes)
-    b = fields["global_batch"] // (fields["num_ranks"] * fields.get("num_microbatches", 1))
-    activations = profile.activation_bytes_at(b)
-    how = f"profiled: {profile.activation_fit.slope:,.0f} B x {b} sequences + {profile.activation_fit.intercept:,.0f} B"
-    if fields.get("model_factory") is None:
-        kept = estimate_run_activation_bytes(LMConfig(**fields["model"]), b, fields["precision"])
-        if base["activations"] != kept and kept:
-            activations = round(activations * base["activations"] / kept)
-            how += f", x {base['activations'] / kept:.3f} (blocks recomputed in backward, closed formula's ratio)"
-    rows = tuple(MemoryComponent("activations", activations, how) if c.name == "activations" else c
-                 for c in base.components)
-    return replace(base, components=rows)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from workbench.core.units import byte_unit, format_bytes, format_seconds
 from workbench.runs.estimate import spec_from_row
-from workbench.runs.profile import estimate_with_profile
+from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.tables import LoadResult
 from workbench.studies.memory import PEAK_TOLERANCE, predicted_components
 

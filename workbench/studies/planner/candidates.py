@@ -21,7 +21,8 @@ from workbench.core.shards import plan_shards
 from workbench.core.specs import ModelSpec
 from workbench.estimate.advisor import default_sizes
 from workbench.runs.estimate import run_model_spec
-from workbench.runs.profile import ModelProfile, estimate_with_profile
+from workbench.runs.profile import ModelProfile
+from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.strategies import get_strategy, strategies
 

@@ -1,0 +1,55 @@
+"""A run's memory estimate made from its model's measured profile (:mod:`workbench.runs.profile`, issue 26).
+
+:func:`estimate_with_profile` puts the profile's activations at the run's micro-batch into the run's estimate
+(:func:`~workbench.runs.estimate.estimate_run_memory`) instead of the closed formula (the built-in LM) or the
+logits (a user's model); in JAX, also what XLA holds of the update beside the backward's peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+from workbench.estimate.breakdown import MemoryComponent, MemoryEstimate
+from workbench.models.init import LMConfig
+from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_memory
+from workbench.runs.profile import ModelProfile, profile_key_fields
+
+
+#: Key fields that decide the activations (threads and versions change times, not which arrays exist).
+MODEL_FIELDS = ("model", "precision", "seq_len", "vocab_size", "framework")
+
+
+def estimate_with_profile(spec: Any, profile: ModelProfile, model_shapes: Any = None) -> MemoryEstimate:
+    """:func:`~workbench.runs.estimate.estimate_run_memory` with the profile's activations for the run's micro-batch.
+
+    The profile measured the whole model's backward with nothing recomputed. Where the run's strategy
+    recomputes each block of the built-in LM in backward (a unit resharded after forward), the profiled
+    bytes are scaled by the closed formula's ratio of recomputed to kept activations; a user's model is one
+    unit, recomputed whole, so its activations are the profile's as measured.
+
+    Raises:
+        ValueError: ``profile`` is of another model, dtype, sequence length, vocabulary or framework (named).
+    """
+    fields = spec if isinstance(spec, Mapping) else spec.to_dict()
+    want = profile_key_fields(fields, None)
+    wrong = [name for name in MODEL_FIELDS if want[name] != profile.key_fields.get(name)]
+    if wrong:
+        raise ValueError(f"the profile {profile.key} is of another {', '.join(wrong)} than this run ("
+                         + "; ".join(f"{n}: {profile.key_fields.get(n)!r}, not {want[n]!r}" for n in wrong) + ")")
+    base = estimate_run_memory(fields, model_shapes)
+    b = fields["global_batch"] // (fields["num_ranks"] * fields.get("num_microbatches", 1))
+    activations = profile.activation_bytes_at(b)
+    how = f"profiled: {profile.activation_fit.slope:,.0f} B x {b} sequences + {profile.activation_fit.intercept:,.0f} B"
+    if fields.get("model_factory") is None:
+        kept = estimate_run_activation_bytes(LMConfig(**fields["model"]), b, fields["precision"])
+        if base["activations"] != kept and kept:
+            activations = round(activations * base["activations"] / kept)
+            how += f", x {base['activations'] / kept:.3f} (blocks recomputed in backward, closed formula's ratio)"
+    beside = profile.update_beside_backward_bytes
+    if beside and profile.optimizer_state_bytes:  # JAX: at the rank's share of the update (of the optimizer state)
+        activations += (extra := round(beside * base["optimizer_state"] / profile.optimizer_state_bytes))
+        how += f", + {extra:,} B of the update beside backward (whole step profiled, x the rank's share)"
+    rows = tuple(MemoryComponent("activations", activations, how) if c.name == "activations" else c
+                 for c in base.components)
+    return replace(base, components=rows)
