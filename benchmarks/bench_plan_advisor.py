@@ -9,6 +9,10 @@ The profile, the collective benchmark and the runs are stored under ``--runs`` a
 (give a new folder to measure afresh). Timings depend on the machine's load: ``uptime`` is printed with the table.
 
     python3 benchmarks/bench_plan_advisor.py [--ranks 2 4] [--models lm attention mlx-lm] [--steps 8] [--runs DIR]
+        [--hosts FILE [--launcher ssh]]
+
+With ``--hosts`` (a hosts file, e.g. the rig's ``rig.json``: ``python3 -m scripts.hosts_rig up``) the ranks are
+the file's slots and everything runs there: the collective benchmark across the hosts, and the validated plans.
 """
 
 from __future__ import annotations
@@ -45,17 +49,19 @@ def budget_for(advice) -> tuple[int, str]:
     return int(1.25 * largest), "roomy (FSDP saves nothing visible)"
 
 
-def run_case(name: str, ranks: int, runs: Path, steps: int, global_batch: int) -> list[str]:
-    kw = MODELS[name]
-    roomy = advise_plan(kw["model"], num_ranks=ranks, memory_bytes=2**40, global_batch=global_batch, runs_root=runs,
-                        seq_len=kw.get("seq_len"), vocab_size=kw.get("vocab_size"))
+def run_case(name: str, ranks: int | None, runs: Path, steps: int, global_batch: int, hosts: Path | None = None,
+             launcher: str = "ssh") -> list[str]:
+    kw, where = MODELS[name], dict(num_ranks=ranks, hosts=hosts, launcher=launcher)
+    roomy = advise_plan(kw["model"], memory_bytes=2**40, global_batch=global_batch, runs_root=runs,
+                        seq_len=kw.get("seq_len"), vocab_size=kw.get("vocab_size"), **where)
     budget, how = budget_for(roomy)
-    advice = advise_plan(kw["model"], num_ranks=ranks, memory_bytes=budget, global_batch=global_batch,
+    advice = advise_plan(kw["model"], memory_bytes=budget, global_batch=global_batch,
                          runs_root=runs, seq_len=kw.get("seq_len"), vocab_size=kw.get("vocab_size"),
-                         profile=roomy.profile)
+                         profile=roomy.profile, **where)
+    ranks = advice.base.num_ranks
     if advice.recommended is None:
         return [f"| {name} | {ranks} | {budget / MiB:.1f} ({how}) | none fits | | | | | |"]
-    check = validate_plan(advice, runs, steps=steps)
+    check = validate_plan(advice, runs, steps=steps, hosts=hosts, launcher=launcher)
     table = validation_table(check).drop(columns="run").reset_index().fillna("-")
     rows = [f"| {name} | {ranks} | {budget / MiB:.1f} ({how}) | {r['role']}: {r['plan']} | "
             f"{r['step ms predicted']} / {r['step ms measured']} ({r['step error']}) | "
@@ -72,13 +78,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--runs", type=Path, default=Path(tempfile.gettempdir()) / "bench_plan_advisor")
+    parser.add_argument("--hosts", type=Path, default=None, help="a hosts file: its slots are the ranks")
+    parser.add_argument("--launcher", default="ssh", help="with --hosts: ssh, mpi or slurm")
     args = parser.parse_args()
+    if args.hosts is not None:
+        args.ranks = [None]
     print(f"load before: {os.getloadavg()[0]:.1f} (1 min)")
     print("| model | N | budget MiB | plan | step ms predicted / measured | peak MiB predicted / measured | off |")
     print("|---|---|---|---|---|---|---|")
     for name in args.models:
         for ranks in args.ranks:
-            for row in run_case(name, ranks, args.runs, args.steps, args.global_batch):
+            for row in run_case(name, ranks, args.runs, args.steps, args.global_batch, args.hosts, args.launcher):
                 print(row, flush=True)
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 

@@ -285,3 +285,26 @@ def test_the_collective_benchmark_runs_across_hosts_and_is_stored_beside_loopbac
         assert record["spec"]["placement"]["launcher"] == "ssh"
         assert [r["placement"]["hostname"] for r in record["summary"]["ranks"]] == [
             h["hostname"] for h in multihost_rig["hosts"]]
+
+
+# ------------------------------------------------------------------------------------------ the plan advisor
+
+
+def test_plan_validate_across_two_hosts_picks_a_plan_that_fits_when_ddp_does_not(multihost_rig, tmp_path, capsys):
+    """Issue 27 on the rig: ``plan --hosts rig.json --validate`` (2 hosts, a rank each), where DDP does not fit and
+    an FSDP plan does. The advisor benchmarks the collectives across the hosts (never loopback's links), and runs
+    the pick, the runner-up and the smallest whole-parameter plan there, as ordinary runs naming every rank's
+    host. The same assertions as on 2 local ranks (test_plan_validate)."""
+    from test_plan_validate import check_plan_validate
+
+    hosts_file = Path(multihost_rig["state_dir"]) / "rig.json"
+    runs = tmp_path / "runs"
+    out = check_plan_validate(runs, capsys, ["--hosts", str(hosts_file)], dict(hosts=hosts_file), tmp_path,
+                              "2 hosts (ssh)")
+    loaded = load_runs(runs)
+    names = [h["hostname"] for h in multihost_rig["hosts"]]
+    for v in out["validated"]:
+        ranks = loaded.runs.set_index("run_id").loc[v["run_id"], "summary.ranks"]
+        assert [r["placement"]["hostname"] for r in ranks] == names, v["role"]
+    print({v["role"]: (v["strategy"], v["communication_size"], f"{v['measured_step_s']:.3f} s",
+                       f"{v['predicted_step_s']:.3f} s predicted") for v in out["validated"]})

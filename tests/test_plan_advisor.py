@@ -262,3 +262,24 @@ def test_the_validation_prints_the_notebooks_table_with_each_run_and_the_orders(
     assert any(line.startswith("runner-up ") and " - " in line for line in text)  # no time measured: a dash
     assert "pick: done run-pick" in text and "runner-up: done run-runner-up" in text
     assert text[-1] == ("predicted order: pick, runner-up; measured: -; agree: None; pick measured fastest: None")
+
+
+def test_across_hosts_a_hosts_ranks_share_its_cores_not_the_whole_runs():
+    """On 2 hosts of one slot each, a rank has its host's cores: its compute is the profile's, not slowed as 2
+    ranks sharing one machine would be (the rig, stop 40: 1,331 ms predicted where 709 ms was measured)."""
+    from workbench.launch.hosts import parse_hosts
+    from workbench.runs.estimate import predict_run_step_time
+
+    base = base_spec(dict(VALIDATION_MODEL), num_ranks=2, global_batch=16, seq_len=None, framework="mlx")
+    p = fake_profile(base)
+    two_threads = profile_from_measurements({**p.to_dict(), "peak_rss_bytes": 1, "peak_array_bytes": 1, "cores": 2},
+                                            profile_key_fields(base, 2), 1.0)  # 2 threads of 2 cores, measured alone
+    hosts = parse_hosts({"hosts": [{"address": "10.0.0.11"}, {"address": "10.0.0.12"}]}, source="test")
+    kw = dict(memory_bytes=4 * GiB, global_batch=16, runs_root="unused", profile=two_threads, links=LINKS)
+    across = {c.label: c for c in advise_plan(dict(VALIDATION_MODEL), hosts=hosts, **kw).candidates}
+    local = {c.label: c for c in advise_plan(dict(VALIDATION_MODEL), num_ranks=2, **kw).candidates}
+    assert across.keys() == local.keys()
+    for label, c in across.items():
+        assert c.step.compute_s == pytest.approx(predict_run_step_time(c.spec, two_threads, LINKS,
+                                                                       ranks_per_host=1).compute_s)
+        assert local[label].step.compute_s > 1.5 * c.step.compute_s, label  # 4 threads on 2 cores, side by side

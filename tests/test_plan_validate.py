@@ -19,18 +19,25 @@ MODEL = dict(vocab_size=256, seq_len=32, dim=192, num_layers=3, num_heads=4, mlp
 
 
 def test_plan_validate_on_two_ranks_picks_a_plan_that_fits_when_ddp_does_not(tmp_path, capsys):
-    runs = tmp_path / "runs"
-    roomy = advise_plan(MODEL, num_ranks=2, memory_bytes=2**40, global_batch=4, runs_root=runs)
+    check_plan_validate(tmp_path / "runs", capsys, ["--ranks", "2"], dict(num_ranks=2), tmp_path, "loopback")
+
+
+def check_plan_validate(runs, capsys, where: list, placement: dict, tmp_path, label: str) -> dict:
+    """``plan --validate`` of :data:`MODEL` at a budget between FSDP's and DDP's peaks, on ``where`` (the CLI's
+    ``--ranks N`` or ``--hosts FILE``; ``placement``: the same for :func:`advise_plan`). Also test_multihost's."""
+    roomy = advise_plan(MODEL, memory_bytes=2**40, global_batch=4, runs_root=runs, **placement)
     assert roomy.links_source.startswith("measured now collective benchmark")  # none was stored: run, and said
+    assert roomy.links_source.endswith(f"{label})"), roomy.links_source  # of this placement, never another's
     peak = lambda strategy: min(c.predicted_peak_bytes for c in roomy.candidates if c.spec.strategy == strategy)  # noqa
     assert peak("fsdp-row") < peak("ddp")
     budget = int(1.1 * (peak("fsdp-row") + peak("ddp")) / 2)  # DDP's smallest plan is over it with the margin
     model_file = tmp_path / "lm.json"
     model_file.write_text(json.dumps(MODEL))
-    code = main(["plan", str(model_file), "--ranks", "2", "--memory", str(budget), "--global-batch", "4",
+    code = main(["plan", str(model_file), *where, "--memory", str(budget), "--global-batch", "4",
                  "--runs", str(runs), "--validate", "--steps", "4", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
+    assert out["links_source"].startswith("stored collective benchmark"), out["links_source"]  # the one just run
     assert not any(c["fits"] for c in out["candidates"] if c["strategy"] == "ddp")
     pick = out["recommended"]
     assert pick["fits"] and pick["predicted_peak_bytes"] * 1.1 <= budget and pick["strategy"] != "ddp"
@@ -47,3 +54,4 @@ def test_plan_validate_on_two_ranks_picks_a_plan_that_fits_when_ddp_does_not(tmp
         assert record["status"] == "done" and record["spec"]["strategy"] == v["strategy"]  # an ordinary run
     assert validated[0]["measured_peak_bytes"] <= budget  # the pick fits as measured, not only as predicted
     assert set(out["predicted_order"]) == set(out["measured_order"]) == {v["role"] for v in validated}
+    return out

@@ -324,3 +324,15 @@ def test_a_profiling_process_done_first_keeps_the_cores_busy_until_its_peers_are
     t0 = time.monotonic()
     busy_until_peers_done(tmp_path, 0, 3, timeout_s=0.2)  # peer 2 never finishes: bounded by the timeout
     assert 0.2 <= time.monotonic() - t0 < 10
+
+
+def test_a_profile_for_ranks_on_other_hosts_is_keyed_by_the_blas_they_run():
+    """An MLX rank on another host runs MLX's own BLAS (the OpenBLAS shim is this machine's), so the advisor profiles
+    with it there: the rig's ranks measured 709 ms a step where a profile on this machine's OpenBLAS predicted 221."""
+    from workbench.adapters.mlx.blas import BLAS_ENV
+
+    spec = RunSpec(model=LM)
+    there = profile_key_fields(spec, 1, 1, {BLAS_ENV: "reference"})
+    assert there["blas"] == "reference"
+    here = profile_key_fields(spec, 1, 1, {BLAS_ENV: "openblas"})
+    assert profile_key(there) != profile_key(here) or here["blas"] == "reference"  # no shim here: the same BLAS

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from workbench.adapters.mlx.blas import mlx_rank_env
+from workbench.adapters.mlx.blas import BLAS_ENV, mlx_rank_env
 from workbench.launch.plan import thread_env
 from workbench.runs.profile import (
     ModelProfile,
@@ -45,7 +45,7 @@ def default_micro_batch_sizes(micro_batch_size: int) -> tuple[int, ...]:
 
 def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequence[int] | None = None,
                   repeats: int = 3, ranks_per_host: int | None = None, refresh: bool = False,
-                  timeout_s: float = 600.0) -> ModelProfile:
+                  timeout_s: float = 600.0, remote_ranks: bool = False) -> ModelProfile:
     """The profile of ``spec``'s model (a :class:`~workbench.runs.spec.RunSpec`), from the cache or measured now.
 
     Args:
@@ -59,6 +59,8 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
             processes at once, each with one rank's share of the cores; both are part of the cache key.
         refresh: Measure even if a profile is cached (and replace it).
         timeout_s: Longest the profiling process may take, in seconds.
+        remote_ranks: The run's ranks are on other hosts, where an MLX rank runs MLX's own BLAS (the OpenBLAS
+            shim is this machine's: :func:`~workbench.launch.plan.plan_launch`), so the profile does too.
 
     Raises:
         ProfileError: the cached file cannot be read as a profile (named; it is left as it was).
@@ -71,7 +73,8 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
         raise ValueError(f"ranks_per_host={ranks_per_host!r}: an integer >= 1")
     threads_env = thread_env(co_runners)
     threads = threads_env["OMP_NUM_THREADS"]
-    key_fields = profile_key_fields(spec, int(threads) if threads.isdigit() else threads, co_runners)
+    env = {**os.environ, **threads_env, **({BLAS_ENV: "reference"} if remote_ranks else {})}
+    key_fields = profile_key_fields(spec, int(threads) if threads.isdigit() else threads, co_runners, env)
     path = profile_path(runs_root, key_fields)
     if path.exists() and not refresh:
         return load_profile(path)
@@ -83,7 +86,6 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
         raise ValueError(f"repeats={repeats!r}: an integer >= 1")
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s={timeout_s!r}: a number of seconds > 0")
-    env = {**os.environ, **threads_env}
     if spec.framework == "jax":  # as plan_launch gives a JAX rank: one CPU device, unless a platform is chosen
         env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1",
                    JAX_PLATFORMS=env.get("JAX_PLATFORMS") or "cpu")

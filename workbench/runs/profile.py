@@ -52,10 +52,11 @@ class ProfileError(ValueError):
         self.path = Path(path)
 
 
-def profile_key_fields(spec: Any, threads: int | None, co_runners: int = 1) -> dict:
+def profile_key_fields(spec: Any, threads: int | None, co_runners: int = 1, environ: Mapping | None = None) -> dict:
     """What a profile of ``spec``'s model depends on (a RunSpec or its dict): the model, dtype, tokens,
     optimizer, framework and its installed version, ``threads`` (a rank's ``OMP_NUM_THREADS``), ``co_runners``
-    (profiling processes measuring at once: the ranks per host), MLX's BLAS and :data:`PROFILE_VERSION`."""
+    (profiling processes measuring at once: the ranks per host), MLX's BLAS under ``environ`` (default this
+    process's) and :data:`PROFILE_VERSION`."""
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     framework = fields["framework"]
     if fields.get("model_factory") is not None:
@@ -66,7 +67,7 @@ def profile_key_fields(spec: Any, threads: int | None, co_runners: int = 1) -> d
         version = metadata.version(framework)
     except metadata.PackageNotFoundError:
         version = None
-    blas = {"blas": expected_blas()} if framework == "mlx" else {}  # MLX's compute time is its BLAS's
+    blas = {"blas": expected_blas(environ)} if framework == "mlx" else {}  # MLX's compute time is its BLAS's
     return {"model": model, "precision": fields["precision"], "seq_len": fields["model"]["seq_len"],
             "vocab_size": fields["model"]["vocab_size"], "optimizer": fields["optimizer"], "framework": framework,
             "framework_version": version, "threads": threads, "co_runners": co_runners, **blas,

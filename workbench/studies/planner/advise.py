@@ -20,6 +20,7 @@ from workbench.core.checks import as_whole
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
 from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
+from workbench.launch.plan import LOCAL_HOSTS
 from workbench.launch.profile import profile_model
 from workbench.launch.remote import Placement
 from workbench.runs.profile import ModelProfile
@@ -199,7 +200,9 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
         micro = sorted({s.micro_batch_size for s in specs})
         wanted = tuple(sorted({micro[0], micro[len(micro) // 2], micro[-1]}))
         profile = profile_model(base, runs_root, micro_batch_sizes=wanted if len(wanted) > 1 else None,
-                                ranks_per_host=per_host, timeout_s=profile_timeout_s)
+                                ranks_per_host=per_host, timeout_s=profile_timeout_s,
+                                remote_ranks=placement.hosts is not None and placement.hosts.hosts[0].address
+                                not in LOCAL_HOSTS)
     if links is None:
         links, source = placement_links(runs_root, framework, num_ranks, placement,
                                         sizes_bytes=benchmark_sizes(shapes.nbytes))
@@ -208,7 +211,8 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
     from workbench.runs.estimate import predict_run_step_time
 
     def predict(spec: RunSpec):
-        return predict_run_step_time(spec, profile, links, model_shapes=shapes, per_bucket_s=per_bucket_s)
+        return predict_run_step_time(spec, profile, links, model_shapes=shapes, per_bucket_s=per_bucket_s,
+                                     ranks_per_host=per_host)  # across hosts, a host's ranks share its cores
 
     priced = [price_candidate(s, profile, shapes, memory_bytes=memory_bytes, safety_margin=safety_margin,
                               predict_step=predict) for s in specs]
