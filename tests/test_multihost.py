@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -263,14 +264,30 @@ def test_an_engine_killed_on_a_remote_host_fails_the_run_within_the_local_bound(
 # ------------------------------------------------------------------------------------------ collectives
 
 
-def test_the_collective_benchmark_runs_across_hosts_and_is_stored_beside_loopback(multihost_rig, tmp_path):
+@pytest.fixture(scope="module")
+def cross_benchmark(multihost_rig, tmp_path_factory) -> Path:
+    """The MLX collective benchmark across the rig's 2 hosts (a rank each), run once for the module: its run folder.
+    4 KiB to 64 MiB, as test_collectives: at 4 MiB the largest message was still within the noise of a loaded CI
+    machine and the fit's bandwidth came out negative (CI, stop 35)."""
+    from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
+
+    root = tmp_path_factory.mktemp("cross-benchmark")
+    return root / run_collective_benchmark(root, "mlx", 2, sizes_bytes=SMALL_SIZES, iters=3, hosts=rig_hosts(multihost_rig))
+
+
+def stored_beside(run: Path, root: Path) -> str:
+    """Copies the run folder ``run`` into the run store ``root``; its run id."""
+    shutil.copytree(run, root / run.name)
+    return run.name
+
+
+def test_the_collective_benchmark_runs_across_hosts_and_is_stored_beside_loopback(multihost_rig, cross_benchmark,
+                                                                                   tmp_path):
     from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
     from workbench.studies.step_time import fit_links, load_collective_benchmarks
 
-    # 4 KiB to 64 MiB, as test_collectives: at 4 MiB the largest message was still within the noise of a
-    # loaded CI machine and the fit's bandwidth came out negative (CI, stop 35)
     local = run_collective_benchmark(tmp_path, "mlx", 2, sizes_bytes=SMALL_SIZES, iters=3)
-    cross = run_collective_benchmark(tmp_path, "mlx", 2, sizes_bytes=SMALL_SIZES, iters=3, hosts=rig_hosts(multihost_rig))
+    cross = stored_beside(cross_benchmark, tmp_path)
     assert local != cross
     table = load_collective_benchmarks(tmp_path)
     assert set(table.run_id) == {local, cross}
@@ -290,17 +307,20 @@ def test_the_collective_benchmark_runs_across_hosts_and_is_stored_beside_loopbac
 # ------------------------------------------------------------------------------------------ the plan advisor
 
 
-def test_plan_validate_across_two_hosts_picks_a_plan_that_fits_when_ddp_does_not(multihost_rig, tmp_path, capsys):
+def test_plan_validate_across_two_hosts_picks_a_plan_that_fits_when_ddp_does_not(multihost_rig, cross_benchmark,
+                                                                                    tmp_path, capsys):
     """Issue 27 on the rig: ``plan --hosts rig.json --validate`` (2 hosts, a rank each), where DDP does not fit and
-    an FSDP plan does. The advisor benchmarks the collectives across the hosts (never loopback's links), and runs
-    the pick, the runner-up and the smallest whole-parameter plan there, as ordinary runs naming every rank's
-    host. The same assertions as on 2 local ranks (test_plan_validate)."""
+    an FSDP plan does. The advisor prices the collectives by the benchmark stored across these hosts (never by
+    loopback's links), and runs the pick, the runner-up and the smallest whole-parameter plan there, as ordinary
+    runs naming every rank's host. The same assertions as on 2 local ranks (test_plan_validate)."""
     from test_plan_validate import check_plan_validate
 
     hosts_file = Path(multihost_rig["state_dir"]) / "rig.json"
     runs = tmp_path / "runs"
+    runs.mkdir()
+    bench = stored_beside(cross_benchmark, runs)
     out = check_plan_validate(runs, capsys, ["--hosts", str(hosts_file)], dict(hosts=hosts_file), tmp_path,
-                              "2 hosts (ssh)")
+                              "2 hosts (ssh)", benchmark=f"stored collective benchmark {bench}")
     loaded = load_runs(runs)
     names = [h["hostname"] for h in multihost_rig["hosts"]]
     for v in out["validated"]:

@@ -22,11 +22,13 @@ def test_plan_validate_on_two_ranks_picks_a_plan_that_fits_when_ddp_does_not(tmp
     check_plan_validate(tmp_path / "runs", capsys, ["--ranks", "2"], dict(num_ranks=2), tmp_path, "loopback")
 
 
-def check_plan_validate(runs, capsys, where: list, placement: dict, tmp_path, label: str) -> dict:
+def check_plan_validate(runs, capsys, where: list, placement: dict, tmp_path, label: str,
+                        benchmark: str = "measured now collective benchmark") -> dict:
     """``plan --validate`` of :data:`MODEL` at a budget between FSDP's and DDP's peaks, on ``where`` (the CLI's
-    ``--ranks N`` or ``--hosts FILE``; ``placement``: the same for :func:`advise_plan`). Also test_multihost's."""
+    ``--ranks N`` or ``--hosts FILE``; ``placement``: the same for :func:`advise_plan`); ``benchmark``: how the links'
+    source begins (none stored: one is run, and said). Also test_multihost's."""
     roomy = advise_plan(MODEL, memory_bytes=2**40, global_batch=4, runs_root=runs, **placement)
-    assert roomy.links_source.startswith("measured now collective benchmark")  # none was stored: run, and said
+    assert roomy.links_source.startswith(benchmark), roomy.links_source
     assert roomy.links_source.endswith(f"{label})"), roomy.links_source  # of this placement, never another's
     peak = lambda strategy: min(c.predicted_peak_bytes for c in roomy.candidates if c.spec.strategy == strategy)  # noqa
     assert peak("fsdp-row") < peak("ddp")
