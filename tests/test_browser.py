@@ -782,6 +782,20 @@ def explorer_state(page, sel: str) -> str:
     return page.evaluate(EXPLORER_STATE, sel)
 
 
+def settled_states(page, sel: str, quiet_s: float = 1.0, timeout_s: float = 60.0) -> list:
+    """The explorer's figure states once none has changed for ``quiet_s`` (a fresh clone's suite once read a live
+    figure mid-redraw after a control changed it, and the unpinned view then showed its final state)."""
+    deadline, last = time.monotonic() + timeout_s, page.evaluate(FIGURE_STATES, sel)
+    while True:
+        page.wait_for_timeout(quiet_s * 1000)
+        now = page.evaluate(FIGURE_STATES, sel)
+        if now == last:
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{sel}: the figures still changing after {timeout_s:.0f} s")
+        last = now
+
+
 def wait_changed(page, sel: str, before: str, timeout_ms: int = 120_000) -> None:
     """Until the explorer differs from ``before`` (a bound, not a target: 2 loaded cores took >30 s once)."""
     page.wait_for_function(f"([sel, before]) => ({EXPLORER_STATE})(sel) !== before", arg=[sel, before],
@@ -918,7 +932,7 @@ def check_pin(page, sel: str, act) -> None:
     lives = [k - 1 for k in copies]
     page.wait_for_function(f"([sel, old]) => {{ const s = ({FIGURE_STATES})(sel); return {lives}.some(k => s[k] !== old[k]); }}",
                            arg=[sel, states], timeout=60_000)
-    after = page.evaluate(FIGURE_STATES, sel)
+    after = settled_states(page, sel)  # one live figure moved; the others may still be redrawing
     assert all(after[k] == states[k] for k in copies), sel  # the pinned copies kept their view; a live one moved
     shoot_explorer(page, sel, f"explorer-{name}-pinned-after-change")
     page.locator(f"{sel} button:has-text('unpin')").click()
