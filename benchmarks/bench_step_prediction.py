@@ -9,7 +9,7 @@ trainer's step timed too: the step's overhead, :attr:`workbench.runs.profile.Mod
 (model, strategy) on real ranks and sets the measured step (slowest rank, median after the first step) beside
 :func:`workbench.runs.estimate.predict_run_step_time` term by term
 (:func:`workbench.runs.estimate.step_time_validation`: 10% target, the off term named where it misses), and
-the measured peak beside the profile's (:func:`workbench.runs.profile.estimate_with_profile`).
+the measured peak beside the profile's (:func:`workbench.runs.profile_estimate.estimate_with_profile`).
 
 The models: the built-in LM (tiny: collectives and per-step overheads weigh) and
 ``examples/tiny_attention_lm.py`` (2 blocks, d=96, 4 heads, vocabulary 384, sequence 128: compute weighs).

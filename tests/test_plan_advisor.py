@@ -283,3 +283,27 @@ def test_across_hosts_a_hosts_ranks_share_its_cores_not_the_whole_runs():
         assert c.step.compute_s == pytest.approx(predict_run_step_time(c.spec, two_threads, LINKS,
                                                                        ranks_per_host=1).compute_s)
         assert local[label].step.compute_s > 1.5 * c.step.compute_s, label  # 4 threads on 2 cores, side by side
+
+
+def test_across_hosts_the_profile_is_of_a_remote_rank_on_the_busiest_host(monkeypatch):
+    """The advisor profiles as the launch runs: ranks fill host 0's slots first, and the busiest host's ranks share
+    its cores; a rank on another host runs MLX's own BLAS (``remote_ranks``). The profiler is a spy here: the
+    real one runs on the rig (test_multihost)."""
+    from workbench.launch.hosts import parse_hosts
+    from workbench.studies.planner import advise as advise_module
+
+    asked = []
+
+    def spy(spec, runs_root, **kw):
+        asked.append(kw)
+        return fake_profile(spec)
+
+    monkeypatch.setattr(advise_module, "profile_model", spy)
+    kw = dict(memory_bytes=4 * GiB, global_batch=16, runs_root="unused", links=LINKS)
+    for slots, busiest in (((1, 3), 1), ((3, 1), 2)):
+        hosts = parse_hosts({"hosts": [{"address": "10.0.0.11", "slots": slots[0]},
+                                       {"address": "10.0.0.12", "slots": slots[1]}]}, source="test")
+        advise_plan(dict(VALIDATION_MODEL), hosts=hosts, num_ranks=2, **kw)
+        assert (asked[-1]["ranks_per_host"], asked[-1]["remote_ranks"]) == (busiest, True), slots
+    advise_plan(dict(VALIDATION_MODEL), num_ranks=2, **kw)
+    assert (asked[-1]["ranks_per_host"], asked[-1]["remote_ranks"]) == (2, False)

@@ -118,14 +118,16 @@ def measure_jax(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         jax.block_until_ready(forward_fn(params, batch))  # compiled: not timed
         forward.append(timed(lambda: jax.block_until_ready(forward_fn(params, batch)), repeats))
     compiled, batch = programs[sizes[0]]  # the step at the smallest size: its overhead does not grow with b
-    step, bare, step_update, at_smallest = measure_ddp_step(
+    step, bare, step_update, at_smallest, _ = measure_ddp_step(
         spec, params, loss_fn, batch, repeats, bare=lambda: jax.block_until_ready(compiled(params, batch)),
         update=lambda g: jax.block_until_ready(update(g, state, params)))
     truth = all(s is not None for row in activation for s in row)
     beside = None
     if truth and len(sizes) > 1:
-        at_largest = measure_ddp_step(spec, params, loss_fn, programs[sizes[-1]][1], 0)[3]
-        beside = update_beside_backward(at_smallest, at_largest, max(activation[-1]) + param_bytes)
+        largest, rows = programs[sizes[-1]]
+        *_, at_largest, backward = measure_ddp_step(spec, params, loss_fn, rows, 0,
+                                                    bare=lambda: jax.block_until_ready(largest(params, rows)))
+        beside = update_beside_backward(at_smallest, at_largest, backward)
     return {"framework": "jax", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),
             "parameter_bytes": param_bytes, "gradient_bytes": param_bytes, "optimizer_state_bytes": state_bytes,
             # where the high-water mark cannot be reset, the plan stands in for the truth (and says so)
@@ -149,24 +151,25 @@ MIN_STEP_REPEATS = 5
 BACKWARD_SETS_PEAK = 1.05
 
 
-def update_beside_backward(at_smallest: int | None, at_largest: int | None, backward: int) -> int | None:
+def update_beside_backward(at_smallest: int | None, at_largest: int | None, backward: int | None) -> int | None:
     """Bytes the whole step holds at its peak beyond ``backward`` (forward and backward alone: activations and
-    gradients) at the largest size, where the backward sets the step's peak; 0 where the update set it at both
-    sizes (its copies are the estimate's ``step`` rows); None where the step's truth was not read."""
-    if at_smallest is None or at_largest is None:
+    gradients, read the same way) at the largest size, where the backward sets the step's peak; 0 where the update
+    set it at both sizes (its copies are the estimate's ``step`` rows); None where a truth was not read."""
+    if at_smallest is None or at_largest is None or backward is None:
         return None
     if at_largest <= BACKWARD_SETS_PEAK * at_smallest:
         return 0
     return max(0, at_largest - backward)
 
 
-def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare=None, update=None) -> tuple:
-    """``(step, bare, update, rise)``: seconds of each of ``max(repeats, MIN_STEP_REPEATS)`` steps of the rank's DDP
-    step (:func:`~workbench.adapters.jax.fsdp.make_ddp_step` on a mesh of this one device, as
+def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare, update=None) -> tuple:
+    """``(step, bare, update, rise, bare_rise)``: seconds of each of ``max(repeats, MIN_STEP_REPEATS)`` steps of the
+    rank's DDP step (:func:`~workbench.adapters.jax.fsdp.make_ddp_step` on a mesh of this one device, as
     :mod:`workbench.ranks.train_jax` runs and times it), right after ``bare()`` (the compiled forward and
     backward) and ``update(grads)`` (the optimizer's), in threes, so that a change in the machine's load hits all
     alike; none where ``repeats`` is 0. ``rise``: how far the step after the one that compiled raised the
-    process's resident mark above its arguments, as a rank reads its truth (None where it cannot be read)."""
+    process's resident mark above its arguments, as a rank reads its truth; ``bare_rise``: the same of ``bare()``
+    just before it, under the same allocator settings (both None where the mark cannot be read)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
@@ -190,6 +193,8 @@ def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare=None, u
 
     one_step()  # compiles: not timed
     gc.collect()
+    bare_rise, _ = rss_above(bare)
+    gc.collect()
     rise, _ = rss_above(one_step)
     step, bare_s, update_s = [], [], []
     for _ in range(max(repeats, MIN_STEP_REPEATS) if repeats else 0):
@@ -203,7 +208,7 @@ def measure_ddp_step(spec, params, loss_fn, batch, repeats: int, *, bare=None, u
         t0 = time.perf_counter()
         one_step()
         step.append(time.perf_counter() - t0)
-    return step, bare_s, update_s, rise
+    return step, bare_s, update_s, rise, bare_rise
 
 
 def main(argv: list[str] | None = None) -> int:

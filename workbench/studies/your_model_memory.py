@@ -3,7 +3,7 @@
 :func:`profile_your_model` measures each framework's profile of the model once
 (:func:`workbench.launch.profile.profile_model`, cached beside the runs) and :func:`profile_table` shows it with what
 it cost; :func:`peak_table` holds each run's measured peak against the prediction made from that profile
-(:func:`workbench.runs.profile.estimate_with_profile`), and names why a run is shown and not held.
+(:func:`workbench.runs.profile_estimate.estimate_with_profile`), and names why a run is shown and not held.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ step-time models (:func:`workbench.runs.estimate.predict_run_step_time`), and ra
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,7 +21,7 @@ from workbench.core.checks import as_whole
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
 from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
-from workbench.launch.plan import LOCAL_HOSTS
+from workbench.launch.hosts import place_ranks
 from workbench.launch.profile import profile_model
 from workbench.launch.remote import Placement
 from workbench.runs.profile import ModelProfile
@@ -195,14 +196,14 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
         model_shapes = build_user_model(base, 300.0)
     shapes = model_of(base, model_shapes)
     specs, left_out = enumerate_candidates(base, shapes, sizes=sizes)
-    per_host = num_ranks if placement.hosts is None else max(h.slots for h in placement.hosts.hosts)
+    # the ranks of the busiest host, as the launch places them (slot order) and sizes their threads
+    per_host = num_ranks if placement.hosts is None else max(Counter(place_ranks(placement.hosts, num_ranks)).values())
     if profile is None:
         micro = sorted({s.micro_batch_size for s in specs})
         wanted = tuple(sorted({micro[0], micro[len(micro) // 2], micro[-1]}))
         profile = profile_model(base, runs_root, micro_batch_sizes=wanted if len(wanted) > 1 else None,
                                 ranks_per_host=per_host, timeout_s=profile_timeout_s,
-                                remote_ranks=placement.hosts is not None and placement.hosts.hosts[0].address
-                                not in LOCAL_HOSTS)
+                                remote_ranks=placement.hosts is not None)  # a hosts file's are never loopback
     if links is None:
         links, source = placement_links(runs_root, framework, num_ranks, placement,
                                         sizes_bytes=benchmark_sizes(shapes.nbytes))
