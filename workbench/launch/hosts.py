@@ -33,8 +33,10 @@ import difflib
 import json
 import random
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from workbench.adapters.jax.distributed import GLOO_HOST_ENV
 from workbench.core.checks import as_whole, read_user_text
@@ -209,6 +211,11 @@ def place_ranks(hosts: HostsFile, num_ranks: int) -> tuple[int, ...]:
     return tuple(placement[:num_ranks])
 
 
+def busiest_host_ranks(placement: Sequence[int]) -> int:
+    """The most ranks :func:`place_ranks`'s ``placement`` puts on one host (1 for none): they share its cores."""
+    return max(Counter(placement).values(), default=1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MultiHostPlan(LaunchPlan):
     """A :class:`LaunchPlan` whose ranks live on several hosts: ``rank_hosts[r]`` indexes ``hosts``."""
@@ -253,7 +260,7 @@ def plan_hosts_launch(hosts, num_ranks: int | None = None, *, framework: str = "
     placement = place_ranks(hf, num_ranks) if isinstance(num_ranks, int) and num_ranks >= 1 else ()
     if ports is None and isinstance(num_ranks, int) and num_ranks >= 1:
         ports = remote_ports(num_ranks if framework == "mlx" and backend in (None, "ring") else 1, seed)
-    busiest = max((placement.count(i) for i in set(placement)), default=1)
+    busiest = busiest_host_ranks(placement)
     base = plan_launch(num_ranks, framework=framework, backend=backend, host=hf.hosts[0].address, ports=ports,
                        env={**thread_env(busiest), **(env or {})})
     rank_env = base.rank_env

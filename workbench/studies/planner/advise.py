@@ -12,7 +12,6 @@ step-time models (:func:`workbench.runs.estimate.predict_run_step_time`), and ra
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -21,7 +20,7 @@ from workbench.core.checks import as_whole
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
 from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
-from workbench.launch.hosts import place_ranks
+from workbench.launch.hosts import busiest_host_ranks, place_ranks
 from workbench.launch.profile import profile_model
 from workbench.launch.remote import Placement
 from workbench.runs.profile import ModelProfile
@@ -197,7 +196,7 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
     shapes = model_of(base, model_shapes)
     specs, left_out = enumerate_candidates(base, shapes, sizes=sizes)
     # the ranks of the busiest host, as the launch places them (slot order) and sizes their threads
-    per_host = num_ranks if placement.hosts is None else max(Counter(place_ranks(placement.hosts, num_ranks)).values())
+    per_host = num_ranks if placement.hosts is None else busiest_host_ranks(place_ranks(placement.hosts, num_ranks))
     if profile is None:
         micro = sorted({s.micro_batch_size for s in specs})
         wanted = tuple(sorted({micro[0], micro[len(micro) // 2], micro[-1]}))
