@@ -37,6 +37,7 @@ from workbench.runs.estimate import spec_from_row, step_time_validation
 from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
+from workbench.strategies import get_strategy
 from workbench.studies.step_time import fit_links, links_table, load_collective_benchmarks
 
 LINK_SIZES = tuple(2**k for k in range(12, 23, 2))  # 4 KiB to 4 MiB
@@ -57,8 +58,9 @@ def load() -> str:
 def spec_of(framework: str, model: str, strategy: str, ranks: int, steps: int, global_batch: int,
             num_microbatches: int = 1) -> RunSpec:
     fields = {k: (v.format(fw=framework) if isinstance(v, str) else v) for k, v in MODELS[model].items()}
+    # deferred sync where the strategy can defer it (MLX's fully_shard syncs in every micro-batch's backward)
     return RunSpec(framework=framework, strategy=strategy, num_ranks=ranks, steps=steps, global_batch=global_batch,
-                   num_microbatches=num_microbatches, **fields)
+                   num_microbatches=num_microbatches, defer_sync=get_strategy(strategy).implementation(framework).defers_sync, **fields)
 
 
 def _measured_peak(measured: dict) -> int:
