@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -458,14 +459,31 @@ def _record_spawn(event, args):
 sys.addaudithook(_record_spawn)
 
 
+#: Where each worker appends, per test file it ran, ``worker file first-start last-end`` (seconds since the epoch)
+#: when ``$WORKBENCH_TEST_TIMELINE`` names a file: which worker ran what when, and how long the run's tail was
+#: one or two workers alone (scripts/test_timeline.py reads it).
+TIMELINE = os.environ.get("WORKBENCH_TEST_TIMELINE")
+_spans: dict[str, list[float]] = {}  # this worker's test files: [first start, last end]
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     if item.get_closest_marker(PROCESS) is None:
         _started[item.nodeid] = []
+    start = time.time()
     try:
         return (yield)
     finally:
         _started.clear()
+        span = _spans.setdefault(item.location[0], [start, start])
+        span[1] = time.time()
+
+
+def pytest_sessionfinish(session):
+    if TIMELINE and _spans:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(TIMELINE, "a", encoding="utf-8") as out:
+            out.write("".join(f"{worker} {name} {a:.2f} {b:.2f}\n" for name, (a, b) in _spans.items()))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -91,6 +91,28 @@ def test_a_test_not_marked_process_that_starts_one_fails_naming_it(pytester, req
 
 
 
+def test_the_timeline_names_each_file_a_worker_ran_and_the_script_reads_it(pytester, monkeypatch, capsys):
+    """With ``$WORKBENCH_TEST_TIMELINE`` set, tests/conftest.py appends each file's span per worker, and
+    scripts/test_timeline.py reads them back: busy seconds per worker, and how long the end ran short of workers."""
+    import runpy
+
+    timeline = pytester.path / "timeline.txt"
+    monkeypatch.setenv("WORKBENCH_TEST_TIMELINE", str(timeline))
+    pytester.makeconftest((TESTS / "conftest.py").read_text() + '\nMODULE_MARKERS.update(test_one=(), test_two=())\n')
+    pytester.makeini("[pytest]\nmarkers =\n    process\n    browser\n    rig\n    network\n")
+    pytester.makepyfile(test_one="def test_a():\n    pass\ndef test_b():\n    pass\n",
+                        test_two="import time\ndef test_c():\n    time.sleep(0.2)\n")
+    pytester.runpytest_inprocess(*QUIET).assert_outcomes(passed=3)
+    lines = [line.split() for line in timeline.read_text().splitlines()]
+    assert sorted((w, f) for w, f, *_ in lines) == [("main", "test_one.py"), ("main", "test_two.py")]
+    spans = {f: (float(a), float(b)) for _, f, a, b in lines}
+    assert spans["test_one.py"][1] <= spans["test_two.py"][0] and spans["test_two.py"][1] - spans["test_two.py"][0] >= 0.15
+    monkeypatch.setattr("sys.argv", ["test_timeline.py", str(timeline)])
+    runpy.run_path(str(ROOT / "scripts" / "test_timeline.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "main: 2 files, busy 0 s" in out and "test_two.py" in out and "fewer than 1 workers busy" in out
+
+
 def test_each_file_runs_whole_and_in_order_longest_first(request):
     """scripts/test.sh runs ``-n 2 --dist loadfile`` over the order tests/conftest.py sets: a file's items stay
     together and in their own order (a notebook's cells share one kernel), and the listed long files lead."""
