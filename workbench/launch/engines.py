@@ -27,11 +27,9 @@ from workbench.launch.cluster_files import CLUSTER_PREFIX, cluster_profile_dir, 
 from workbench.launch.plan import LaunchPlan, plan_launch
 from workbench.launch.reaper import Reaper, start_reaper
 
-#: The controller's heartbeat. It completes an engine's registration only on a beat after the engine connects,
-#: so ipyparallel's default period (3 s) made every run wait about 6 s for its engines (measured: 5.9 s to
-#: register 2 engines; 2.2 s from launch to answering at a 0.5 s period, 1.4-1.6 s at 0.1 s). An engine that
-#: misses more than 55 beats in a row (5.6 s) is declared dead, as ipyparallel's default of 10 misses did at
-#: 0.5 s. (The controller's option is ``max_heartmonitor_misses``; ``max_heartbeat_misses`` is the engine's.)
+#: The controller's heartbeat: it completes a registration only on a beat after the engine connects (2 engines
+#: answered 5.9 s after launch at ipyparallel's 3 s period, 2.2 s at 0.5 s, 1.4-1.6 s at 0.1 s). Over 55 missed
+#: beats (5.6 s) declare an engine dead (``max_heartmonitor_misses``; ``max_heartbeat_misses`` is the engine's).
 FAST_HEARTBEAT = ("--HeartMonitor.period=100", "--HeartMonitor.max_heartmonitor_misses=55")
 #: Longest wait, in seconds, for a dead engine's process to end before its error is written (it has
 #: normally ended already: ipyparallel's nanny reports the death after the exit).
