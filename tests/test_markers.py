@@ -98,6 +98,7 @@ def test_the_timeline_names_each_file_a_worker_ran_and_the_script_reads_it(pytes
 
     timeline = pytester.path / "timeline.txt"
     monkeypatch.setenv("WORKBENCH_TEST_TIMELINE", str(timeline))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the inner session is no worker of this one
     pytester.makeconftest((TESTS / "conftest.py").read_text() + '\nMODULE_MARKERS.update(test_one=(), test_two=())\n')
     pytester.makeini("[pytest]\nmarkers =\n    process\n    browser\n    rig\n    network\n")
     pytester.makepyfile(test_one="def test_a():\n    pass\ndef test_b():\n    pass\n",
