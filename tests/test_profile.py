@@ -286,20 +286,22 @@ def test_the_key_holds_the_records_version_and_the_processes_that_measured_at_on
     measured (2), is never found under today's key: it is measured again, not read as if it held the overhead or
     the update beside backward (the old file is left where it was)."""
     fields = profile_key_fields(RunSpec(model=LM), 1)
-    assert fields["profile_version"] == PROFILE_VERSION == 3 and fields["co_runners"] == 1
+    assert fields["profile_version"] == PROFILE_VERSION == 4 and fields["co_runners"] == 1
     old = {k: v for k, v in fields.items() if k not in ("profile_version", "co_runners")}
     assert profile_key(old) != profile_key(fields)
     assert profile_key(profile_key_fields(RunSpec(model=LM), 1, 2)) != profile_key(fields)
 
 
-def test_what_processes_measured_at_once_is_one_measurement_with_every_processs_seconds():
+def test_what_processes_measured_at_once_is_one_measurement_with_every_processs_samples():
     one = measured(step_s_samples=[1.0, 2.0], step_bare_s_samples=[0.9, 1.9], step_update_s_samples=[0, 0],
                    update_s=0.002, peak_rss_bytes=5)
     two = measured(compute_s_samples=[[0.3], [0.6], [1.2]], step_s_samples=[1.1], step_bare_s_samples=[1.0],
                    step_update_s_samples=[0], update_s=0.004,
                    activation_samples=[[1], [2], [3]], peak_rss_bytes=9)
     merged = merge_co_runners([one, two])
-    assert merged["co_runners"] == 2 and merged["activation_samples"] == one["activation_samples"]
+    # every process's activation bytes too: the fit takes each size's largest, the higher peak any process met
+    assert merged["co_runners"] == 2 and merged["activation_samples"] == [[11_000, 10_900, 1], [21_000, 20_000, 2],
+                                                                          [41_000, 41_000, 3]]
     assert merged["compute_s_samples"] == [[0.2, 0.4, 0.3, 0.3], [0.5, 0.5, 0.6, 0.6], [1.0, 0.9, 1.1, 1.2]]
     assert merged["step_s_samples"] == [1.0, 2.0, 1.1] and merged["step_bare_s_samples"] == [0.9, 1.9, 1.0]
     assert merged.get("forward_s_samples") is None

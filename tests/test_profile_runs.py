@@ -39,8 +39,11 @@ def test_a_real_profile_measures_activations_that_grow_with_the_micro_batch(tmp_
     profile = profile_model(spec, tmp_path, micro_batch_sizes=(1, 4), repeats=2)
     logits = spec.model["seq_len"] * spec.model["vocab_size"] * 4  # one fp32 logits row per sequence
     fit = profile.activation_fit
-    assert profile.micro_batch_sizes == (1, 4) and all(len(s) == 2 for s in profile.activation_samples)
-    runners = profile.co_runners  # as many processes at once as the run has ranks, each measuring 2 times
+    runners = profile.co_runners  # as many processes at once as the run has ranks, each measuring 2 times or more
+    # (a quick size is sampled on for a quarter second, up to 8 times), their samples pooled
+    assert profile.micro_batch_sizes == (1, 4) and all(2 * runners <= len(s) <= 8 * runners for s in profile.activation_samples)
+    if framework == "mlx":  # these models' backward takes milliseconds: sampled beyond the 2 asked
+        assert all(len(s) > 2 * runners for s in profile.activation_samples), profile.activation_samples
     assert runners == spec.num_ranks and profile.key_fields["co_runners"] == runners
     assert fit.slope >= logits, (profile.activation_samples, logits)  # backward keeps the logits, at least
     assert profile.activation_bytes_at(4) >= 4 * logits
@@ -105,7 +108,7 @@ def test_each_runs_step_time_is_measured_beside_its_prediction_from_the_profile(
     set beside every term of the prediction, and the two are the same order of magnitude. The profile was taken
     by 2 processes at once (the run's ranks on this host), and the trainer's overhead is in the prediction."""
     root, profile = attention_runs
-    assert profile.co_runners == 2 and len(profile.compute_s_samples[0]) == 2 * 3  # 3 repeats by each process
+    assert profile.co_runners == 2 and len(profile.compute_s_samples[0]) >= 2 * 3  # 3 repeats or more by each process
     links = fit_links(load_collective_benchmarks(reference_runs_dir("collectives")))
     table = step_time_validation(load_runs(root), profile, links).set_index("strategy")
     assert sorted(table.index) == ["ddp", "fsdp-row"]

@@ -111,14 +111,15 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
     return profile
 
 
-#: Seconds measured by every co-running process (their samples are pooled, size by size).
-POOLED_SAMPLES = ("compute_s_samples", "forward_s_samples")
+#: What every co-running process measured, pooled size by size: seconds, and the activations' bytes (whose largest
+#: the fit takes: the more samples, the surer it meets the higher of a small model's peaks, see profile_mlx).
+POOLED_SAMPLES = ("compute_s_samples", "forward_s_samples", "activation_samples")
 
 
 def merge_co_runners(results: Sequence[dict]) -> dict:
-    """One measurement from what ``len(results)`` processes measured at once: the first process's bytes, every
-    process's seconds (each size's samples pooled; the update's median over the processes), the largest
-    resident peak, and ``co_runners``."""
+    """One measurement from what ``len(results)`` processes measured at once: the first process's state bytes, every
+    process's seconds and activation bytes (each size's samples pooled; the update's median over the processes),
+    the largest resident peak, and ``co_runners``."""
     if not results:
         raise ValueError("merge_co_runners: no results")
     merged = {**results[0], "co_runners": len(results)}
