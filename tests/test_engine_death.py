@@ -55,6 +55,24 @@ def test_an_engine_that_exits_is_named_by_rank_with_its_exit_code_and_last_line(
     assert wait_dead(pids) == []
 
 
+
+def test_an_engine_gone_before_its_task_is_sent_is_named_by_rank_and_every_engine_stops():
+    """An engine that dies between the start and the tasks: once the controller has dropped it, the client
+    no longer knows its id; the run fails naming the rank (the fresh check once raised IndexError here)."""
+    run = start_engines(plan_launch(2, framework="mlx"))
+    pids = list(run.pids.values())
+    gone = run.rank_engine[1]
+    os.kill(run.pids[1], 9)
+    deadline = time.monotonic() + 30
+    while gone in run.client.ids and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone not in run.client.ids, "the controller never dropped the killed engine"
+    with pytest.raises(EngineFailure) as info:
+        run.apply(exit_after_stderr, [(0,), (2,)], timeout_s=60)
+    assert info.value.rank == 1
+    assert str(info.value).startswith("rank 1 failed (EngineError): the engine of rank 1 died (killed by SIGKILL"), info.value
+    assert wait_dead(pids) == [] and run.cluster is None  # the other engine and the controller stopped too
+
 def say_then_die(how):
     """Print (Python's stdout, buffered in the engine), write natively, then die by ``how``."""
     import os

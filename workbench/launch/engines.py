@@ -70,12 +70,8 @@ class EngineRun:
         return last_words("".join(read_output(sub) for sub in launchers))
 
     def death_report(self, rank: int, wait_s: float = DEATH_WAIT_S) -> str:
-        """How rank ``rank``'s engine ended (exit code or signal) and the last lines it wrote.
-
-        The engine's output is read once its process has ended (waiting up to ``wait_s``): everything it
-        wrote is in its log by then. An engine still running after ``wait_s`` (the controller gave up on
-        its heartbeat) is said to be so.
-        """
+        """How rank ``rank``'s engine ended (exit code or signal) and the last lines it wrote, read once its process
+        has ended (up to ``wait_s``: all it wrote is in its log by then); one still running then is said to be so."""
         from workbench.launch.outstream import describe_exit, exit_status, is_local_engine
 
         local = [exit_status(sub, wait_s) for sub in self.engine_launchers.get(rank, []) if is_local_engine(sub)]
@@ -101,15 +97,19 @@ class EngineRun:
         engines are stopped and the exception propagates.
 
         Raises:
-            EngineFailure: an engine died (naming the rank, its exit code or signal and its last lines;
-                :meth:`death_report`) or raised (naming the rank), or ``timeout_s`` passed; every engine is
-                stopped first.
+            EngineFailure: an engine died, before or after the tasks were sent (naming the rank, its exit code or
+                signal and its last lines: :meth:`death_report`), or raised (naming the rank), or ``timeout_s``
+                passed; every engine is stopped first.
         """
         if len(rank_args) != self.plan.num_ranks:
             raise ValueError(f"rank_args has {len(rank_args)} entries for {self.plan.num_ranks} ranks.")
-        pending = {r: self.client[self.rank_engine[r]].apply_async(fn, *rank_args[r]) for r in range(self.plan.num_ranks)}
-        deadline = time.monotonic() + timeout_s
+        deadline, pending = time.monotonic() + timeout_s, {}
         try:
+            for r in range(self.plan.num_ranks):  # an engine that died since the start is gone from the client
+                try:
+                    pending[r] = self.client[self.rank_engine[r]].apply_async(fn, *rank_args[r])
+                except Exception as err:  # IndexError, or NoEnginesRegistered where none is left
+                    raise EngineFailure(f"rank {r} failed (EngineError): {self.death_report(r)}", r) from err
             while True:
                 failed = {}
                 for r, ar in pending.items():
