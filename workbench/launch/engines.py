@@ -93,14 +93,15 @@ class EngineRun:
               on_poll: Callable[[], None] | None = None) -> list[Any]:
         """Run ``fn(*rank_args[r])`` on every rank's engine at once and return the results in rank order.
 
-        ``on_poll`` is called while waiting (progress display, watchdogs); if it raises, the
-        engines are stopped and the exception propagates.
+        ``on_poll`` is called while waiting (progress display, watchdogs); if it raises, the engines are stopped and
+        the exception propagates.
 
         Raises:
-            EngineFailure: an engine died, before or after the tasks were sent (naming the rank, its exit code or
-                signal and its last lines: :meth:`death_report`), or raised (naming the rank), or ``timeout_s``
-                passed; every engine is stopped first.
+            EngineFailure: an engine died, before or after its task was sent (:meth:`death_report`: the rank, its
+                exit code or signal, its last lines), or raised (the rank), or ``timeout_s`` passed; all stopped first.
         """
+        from ipyparallel.error import NoEnginesRegistered  # raised, like IndexError, for an engine the client lost
+
         if len(rank_args) != self.plan.num_ranks:
             raise ValueError(f"rank_args has {len(rank_args)} entries for {self.plan.num_ranks} ranks.")
         deadline, pending = time.monotonic() + timeout_s, {}
@@ -108,7 +109,7 @@ class EngineRun:
             for r in range(self.plan.num_ranks):  # an engine that died since the start is gone from the client
                 try:
                     pending[r] = self.client[self.rank_engine[r]].apply_async(fn, *rank_args[r])
-                except Exception as err:  # IndexError, or NoEnginesRegistered where none is left
+                except (IndexError, NoEnginesRegistered) as err:  # any other error is the task's, raised as it is
                     raise EngineFailure(f"rank {r} failed (EngineError): {self.death_report(r)}", r) from err
             while True:
                 failed = {}
@@ -146,9 +147,8 @@ class EngineRun:
         if self.cluster is None:
             return
         cluster, self.cluster = self.cluster, None
-        # Engines first, outright: one may be wedged in a collective (MLX #4475) or a long task,
-        # and ipyparallel's graceful stop waits for the task. Engines hold nothing to save:
-        # runs write their steps to the run store as they go.
+        # Engines first, outright: one may be wedged in a collective (MLX #4475) or a long task, and ipyparallel's
+        # graceful stop waits for the task. Engines hold nothing to save: runs store their steps as they go.
         for pid in self.pids.values():
             try:
                 os.kill(pid, 9)
