@@ -59,8 +59,9 @@ def spec_of(framework: str, model: str, strategy: str, ranks: int, steps: int, g
             num_microbatches: int = 1) -> RunSpec:
     fields = {k: (v.format(fw=framework) if isinstance(v, str) else v) for k, v in MODELS[model].items()}
     # deferred sync where the strategy can defer it (MLX's fully_shard syncs in every micro-batch's backward)
+    defers = get_strategy(strategy).implementation(framework).defers_sync
     return RunSpec(framework=framework, strategy=strategy, num_ranks=ranks, steps=steps, global_batch=global_batch,
-                   num_microbatches=num_microbatches, defer_sync=get_strategy(strategy).implementation(framework).defers_sync, **fields)
+                   num_microbatches=num_microbatches, defer_sync=defers, **fields)
 
 
 def _measured_peak(measured: dict) -> int:

@@ -475,8 +475,8 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     finally:
         _started.clear()
-        span = _spans.setdefault(item.location[0], [start, start])
-        span[1] = time.time()
+        if TIMELINE:
+            _spans.setdefault(item.location[0], [start, start])[1] = time.time()
 
 
 def pytest_sessionfinish(session):

@@ -55,7 +55,6 @@ def test_an_engine_that_exits_is_named_by_rank_with_its_exit_code_and_last_line(
     assert wait_dead(pids) == []
 
 
-
 def test_an_engine_gone_before_its_task_is_sent_is_named_by_rank_and_every_engine_stops():
     """An engine that dies between the start and the tasks: once the controller has dropped it, the client
     no longer knows its id; the run fails naming the rank (the fresh check once raised IndexError here)."""
@@ -72,6 +71,7 @@ def test_an_engine_gone_before_its_task_is_sent_is_named_by_rank_and_every_engin
     assert info.value.rank == 1
     assert str(info.value).startswith("rank 1 failed (EngineError): the engine of rank 1 died (killed by SIGKILL"), info.value
     assert wait_dead(pids) == [] and run.cluster is None  # the other engine and the controller stopped too
+
 
 def say_then_die(how):
     """Print (Python's stdout, buffered in the engine), write natively, then die by ``how``."""

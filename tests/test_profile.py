@@ -332,9 +332,7 @@ def test_a_profiling_process_done_first_keeps_the_cores_busy_until_its_peers_are
 def test_a_profile_for_ranks_on_other_hosts_is_keyed_by_the_blas_they_run():
     """An MLX rank on another host runs MLX's own BLAS (the OpenBLAS shim is this machine's), so the advisor profiles
     with it there: the rig's ranks measured 709 ms a step where a profile on this machine's OpenBLAS predicted 221."""
-    from workbench.adapters.mlx.blas import BLAS_ENV
-
-    from workbench.adapters.mlx.blas import expected_blas
+    from workbench.adapters.mlx.blas import BLAS_ENV, expected_blas
 
     spec = RunSpec(model=LM)
     there = profile_key_fields(spec, 1, 1, {BLAS_ENV: "reference"})

@@ -102,7 +102,8 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
 
 #: The most forward-and-backward samples a size gets when each is quick (see :func:`measure_mlx`), and the seconds
 #: per size within which samples go on past ``repeats``: a tiny model's 3 samples missed its peak's higher value
-#: (900,756 B in all 3 at 8 sequences, 1,181,728 B in 2 of 3 an hour before), 6 met it every time in 4 profiles. A profile's co-running processes pool theirs.
+#: (900,756 B in all 3 at 8 sequences, 1,181,728 B in 2 of 3 an hour before), 6 met it every time in 4 profiles.
+#: A profile's co-running processes pool theirs (:func:`workbench.launch.profile.merge_co_runners`).
 MAX_SAMPLES, MORE_SAMPLES_S = 8, 0.25
 
 
