@@ -128,7 +128,7 @@ def test_errors_name_the_field():
 # rates, from the dense-only implementation before the sparse chain (commit 1da3040): the vocabularies the notebooks,
 # tests and presets train on (64: DEFAULT_MODEL; 256: notebook 07's example file; 512: VALIDATION_MODEL; 4096:
 # notebook 05's full-size sweep, the largest) must give the same batches and loss floors. 512 takes the
-# eigendecomposition path, 1500 and 4096 power iteration.
+# linear-solve path (the eigendecomposition path when the digests were taken), 1500 and 4096 power iteration.
 DENSE_DIGESTS = [
     (2, 0, 1.0, "0cc8c6a30284470384737099a3e501d771930c3dc86536124ae13cb38659e87a", 0.5360523326769999),
     (16, 3, 0.1, "8746e41e292f20b560801487760bf3f6b78b72c7c8038367386dcddcdc8f9be1", 1.249217389347888),
