@@ -8,7 +8,8 @@ import pytest
 
 from workbench.adapters.jax.compile_cache import CACHE_ENV, compile_cache_dir, enable_compile_cache
 from workbench.launch.plan import plan_launch
-from workbench.ranks.shared_compile import COMPILED, LOADED, compile_folder, compile_step, program_digest
+from workbench.ranks.shared_compile import (COMPILED, LOADED, STEP_CACHED, compile_folder, compile_step, program_digest,
+                                            step_cache_file)
 from workbench.runs.spec import RunSpec
 
 TINY = dict(vocab_size=32, seq_len=8, dim=16, num_layers=1, num_heads=2, mlp_dim=32)
@@ -56,10 +57,11 @@ def test_a_second_run_reads_every_compiled_program_back_and_stores_the_same_reco
         assert rank["compile_cache"]["folder"] == str(compile_cache_dir())
     assert cached[0]["compile_cache"]["hits"] + cached[0]["compile_cache"]["misses"] >= 3  # the step and its helpers
     # rank 0 read every program back (the first run stored them); JAX writes only process 0's entries. Rank 1
-    # loaded the step rank 0 compiled in the first run; in the second, rank 0's was read back, so it compiled its own.
+    # loaded the step rank 0 compiled in the first run; in the second, rank 0's was read back from JAX's cache
+    # (not shareable), so rank 1 loaded the first run's executable from the step cache instead of compiling.
     assert cached[0]["compile_cache"]["misses"] == 0, cached[0]["compile_cache"]
     assert [r["step_program"] for r in _ranks(first, run_id)] == [COMPILED, LOADED]
-    assert [r["step_program"] for r in cached] == [COMPILED, COMPILED]
+    assert [r["step_program"] for r in cached] == [COMPILED, STEP_CACHED]
     assert _losses(second, run_id) == _losses(first, run_id)
     for a, b in zip(_ranks(first, run_id), cached):  # the executable read back is the one compiled
         assert a["compiled_collectives"] == b["compiled_collectives"]
@@ -107,8 +109,52 @@ def test_a_rank_loads_rank_0s_executable_of_its_own_program_and_it_computes_what
         compile_step(lowered, text, 1, tmp_path, one)
 
 
-def test_rank_0s_failed_compile_fails_the_others_at_once_and_a_silent_rank_0_is_bounded(tmp_path):
+def test_a_rank_loads_an_earlier_runs_step_from_the_step_cache_where_rank_0_read_its_own_from_jaxs(tmp_path,
+                                                                                                     monkeypatch):
     import jax
+    import numpy as np
+
+    from workbench.ranks import shared_compile
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    lowered, (w, x) = _lowered()
+    text, one = lowered.as_text(), jax.devices()[:1]
+    digest = program_digest(text, [d.id for d in one])
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir(mode=0o700)
+    assert compile_step(lowered, text, 0, tmp_path / "first", one)[1] == COMPILED  # a fresh compile: kept
+    kept = step_cache_file(digest)
+    assert kept.parent == tmp_path / "cache" / "steps" and kept.exists()
+    assert kept.read_bytes() == (tmp_path / "first" / "step.executable").read_bytes()
+    assert (kept.parent.stat().st_mode & 0o077) == 0  # this user's alone
+    # a later run: rank 0 read its step back from JAX's cache, which it cannot share
+    (tmp_path / "second" / "step.digest").write_text(digest)
+    (tmp_path / "second" / "step.unshared").write_text("rank 0 read its step from the compile cache")
+    loaded, how = compile_step(lowered, text, 1, tmp_path / "second", one)
+    assert how == STEP_CACHED
+    want = jax.device_get(lowered.compile()(w, x.copy()))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.device_get(loaded(w, x.copy())), want))
+    kept.write_bytes(b"not an executable")  # unreadable: dropped, compiled, and the fresh compile kept
+    assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == COMPILED
+    assert kept.read_bytes() != b"not an executable"
+    assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == STEP_CACHED
+    kept.parent.chmod(0o755)  # a folder others may read: nothing read or kept there
+    assert step_cache_file(digest) is None
+    assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == COMPILED
+    kept.parent.chmod(0o700)
+    monkeypatch.setattr(shared_compile, "STEP_CACHE_FILES", 1)  # bounded: the least recently used out
+    other, _ = _lowered(16)
+    other_digest = program_digest(other.as_text(), [d.id for d in one])
+    shared_compile._keep(other.compile(), step_cache_file(other_digest))
+    assert [p.name for p in kept.parent.iterdir()] == [step_cache_file(other_digest).name]
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert step_cache_file(digest) is None
+
+
+def test_rank_0s_failed_compile_fails_the_others_at_once_and_a_silent_rank_0_is_bounded(tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))  # "program" is not the lowered text: kept apart
 
     class Broken:
         def compile(self):

@@ -14,34 +14,44 @@ hosts get none and compile their own, since XLA compiles for the CPU it runs on)
   says so and shares nothing: each rank reads or compiles its own, as without this module;
 * every other rank waits for the digest: where it is its own program's, it loads rank 0's executable
   (``deserialize_and_load``) instead of compiling; where it differs, or rank 0 could not serialize, it
-  compiles its own. A failed compile on rank 0 is written there too, so the others fail at once, naming it.
+  compiles its own. A failed compile on rank 0 is written there too, so the others fail at once, naming it;
+* the step cache: every executable a rank compiled afresh and serialized is also kept in a folder of the
+  compile cache (:func:`step_cache_file`, keyed by the program's digest and this machine's CPU). In a later run,
+  where rank 0 read its step back from JAX's cache and so shares nothing, the other ranks load the step from
+  there instead of compiling it: 2-9 CPU-seconds a rank for the validation LM's steps, paid again by every
+  repeated run of a sweep, a rebuilt notebook or another test (rank 0's own read-back takes 0.3-0.5 s).
 
 A loaded executable is the one rank 0 runs: same program, same options, the same device assignment (the
 tests compare such runs with runs whose ranks each compiled). Loading runs machine code rank 0 wrote, so the
 folder is the driver's own (``mkdtemp``: readable by this user only, checked before loading) and never comes
 from a file a user edits. If the driver is killed, its engines go with it (:mod:`workbench.launch.reaper`) but
-its folder stays in the system's temporary folder.
+its folder stays in the system's temporary folder. The step cache is read only from a folder this user alone can
+write, under ``$WORKBENCH_JAX_CACHE`` (off with it), never from a file a user edits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
+import platform
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from workbench.adapters.jax.compile_cache import cache_hits, count_cache_events
+from workbench.adapters.jax.compile_cache import cache_hits, compile_cache_dir, count_cache_events
 from workbench.runs.atomic import write_atomic
 
 #: Longest wait for rank 0's digest and executable, both together; the driver's startup watchdog (180 s unless
 #: the caller sets another) ends a stuck run sooner.
 PEER_WAIT_S = 900.0
 #: How the step's executable came to this rank (the run summary's ``step_program``).
-COMPILED, LOADED = "compiled here", "loaded from rank 0"
+COMPILED, LOADED, STEP_CACHED = "compiled here", "loaded from rank 0", "loaded from the step cache"
+#: The step cache's folder inside the compile cache, and how many executables it keeps (least recently used out).
+STEP_CACHE, STEP_CACHE_FILES = "steps", 256
 _DIGEST, _EXECUTABLE, _FAILED, _UNSHARED = "step.digest", "step.executable", "step.failed", "step.unshared"
 
 
@@ -94,14 +104,73 @@ def compile_step(lowered: Any, program_text: str, rank: int, folder: str | Path 
     if _wait_for(folder / _DIGEST, folder, deadline, wait_s).read_text() != digest:
         return lowered.compile(), COMPILED  # another program than rank 0's: never someone else's executable
     shared = _wait_for(folder / _EXECUTABLE, folder, deadline, wait_s, also=folder / _UNSHARED)
-    if shared.name == _UNSHARED:
-        return lowered.compile(), COMPILED
-    _check_private(folder)
+    if shared.name == _EXECUTABLE:
+        _check_private(folder)
+        return _load(shared.read_bytes(), lowered, devices), LOADED
+    cached = step_cache_file(digest)
+    if cached is not None and cached.exists():
+        try:
+            compiled = _load(cached.read_bytes(), lowered, devices)
+        except Exception:  # unreadable or from another jaxlib build: dropped, and compiled here
+            cached.unlink(missing_ok=True)
+        else:
+            os.utime(cached)  # recently used: the last out
+            return compiled, STEP_CACHED
+    compiled = lowered.compile()
+    _keep(compiled, cached)
+    return compiled, COMPILED
+
+
+def _load(blob: bytes, lowered: Any, devices: list) -> Any:
     import jax
     from jax.experimental.serialize_executable import deserialize_and_load
 
     in_tree = jax.tree_util.tree_flatten(lowered.args_info)[1]
-    return deserialize_and_load(shared.read_bytes(), in_tree, lowered.out_tree, execution_devices=devices), LOADED
+    return deserialize_and_load(blob, in_tree, lowered.out_tree, execution_devices=devices)
+
+
+@functools.cache
+def _machine() -> str:
+    """This machine's CPU as XLA compiles for it: its architecture, model and instruction-set flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    return repr((platform.machine(), sorted({x for x in lines if x.split(":")[0].strip() in ("model name", "flags")})))
+
+
+def step_cache_file(digest: str) -> Path | None:
+    """Where the step cache keeps the executable of the program of ``digest`` (:func:`program_digest`) compiled on
+    this machine's CPU: a folder of the compile cache made this user's alone; None where the cache is off or
+    the folder is not this user's alone (then nothing is read or kept there)."""
+    root = compile_cache_dir()
+    if root is None:
+        return None
+    folder = root / STEP_CACHE
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_private(folder)
+    except OSError:  # PermissionError included: another user's folder is never read
+        return None
+    return folder / (hashlib.sha256((digest + _machine()).encode()).hexdigest() + ".executable")
+
+
+def _keep(compiled: Any, path: Path | None, blob: bytes | None = None) -> None:
+    """Keep a fresh compile in the step cache at ``path`` (serialized unless ``blob`` is), the least recently used
+    out beyond :data:`STEP_CACHE_FILES`; where it cannot be serialized or written, nothing is kept."""
+    if path is None:
+        return
+    try:
+        if blob is None:
+            from jax.experimental.serialize_executable import serialize
+
+            blob = serialize(compiled)[0]
+        write_atomic(path, blob)
+        kept = sorted(path.parent.glob("*.executable"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:max(0, len(kept) - STEP_CACHE_FILES)]:
+            old.unlink(missing_ok=True)
+    except Exception:  # a host callback does not pickle; a full disk: the run goes on, compiling next time
+        pass
 
 
 def _check_private(folder: Path) -> None:
@@ -130,9 +199,12 @@ def _compile_and_share(lowered: Any, folder: Path, digest: str) -> Any:
     from jax.experimental.serialize_executable import serialize
 
     try:
-        write_atomic(folder / _EXECUTABLE, serialize(compiled)[0])
+        blob = serialize(compiled)[0]
+        write_atomic(folder / _EXECUTABLE, blob)
     except Exception as err:  # not serializable (a host callback, say), or not written: each rank compiles its own
         write_atomic(folder / _UNSHARED, f"{type(err).__name__}: {err}")
+    else:
+        _keep(compiled, step_cache_file(digest), blob)
     return compiled
 
 

@@ -159,7 +159,8 @@ def train_jax(spec, handle, compile_folder: str | None = None) -> dict:
         for them), "compiled_collectives" (those XLA kept in the compiled step: fewer where it
         combines all-reduces or merges repeated gathers), "peak_rss_bytes", "versions", "fingerprint_exchange_s",
         "initial_weights_sha256" (compared before step 0), "step_program" (:data:`~workbench.ranks.shared_compile.COMPILED`
-        here, or :data:`~workbench.ranks.shared_compile.LOADED` from rank 0's compile), "compile_cache" (folder, and this run's compiles read
+        here, :data:`~workbench.ranks.shared_compile.LOADED` from rank 0's compile, or ``STEP_CACHED`` from an earlier
+        run's), "compile_cache" (folder, and this run's compiles read
         back and compiled: on an engine a sweep's pool handed on, helpers its earlier runs compiled are in memory
         and counted by neither)}``
         and ``"compiled_memory"`` (the compiled step's ``memory_analysis()`` in bytes) when XLA reports it.
