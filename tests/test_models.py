@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten
 
 from workbench.adapters.jax.base import spec_from_nnx
 from workbench.adapters.mlx.base import spec_from_mlx
-from workbench.models import LMConfig, init_lm_params, jax_lm, lm_param_shapes, mlx_lm, num_params
+from workbench.models import LMConfig, init_lm_params, jax_lm, jax_nnx, lm_param_shapes, mlx_lm, num_params
 
 CONFIG = LMConfig(vocab_size=64, seq_len=16, dim=32, num_layers=2, num_heads=4, mlp_dim=64)
 # One layer: on CPU, XLA compiles of a gradient take seconds per layer.
@@ -64,22 +64,22 @@ def test_tied_model_has_no_head():
 
 
 def test_jax_module_holds_init_params():
-    model = jax_lm.JaxLM(CONFIG, seed=3)
+    model = jax_nnx.JaxLM(CONFIG, seed=3)
     init = init_lm_params(CONFIG, 3)
-    flat = jax_lm.params_from_model(model)
+    flat = jax_nnx.params_from_model(model)
     assert list(flat) == list(init)
     assert all(np.array_equal(np.asarray(flat[k]), init[k]) for k in init)
     assert {p.path for p in spec_from_nnx(model).params} == set(init)
-    jax_lm.load_params(model, init_lm_params(CONFIG, 4))
-    assert np.array_equal(np.asarray(jax_lm.params_from_model(model)["head.weight"]), init_lm_params(CONFIG, 4)["head.weight"])
+    jax_nnx.load_params(model, init_lm_params(CONFIG, 4))
+    assert np.array_equal(np.asarray(jax_nnx.params_from_model(model)["head.weight"]), init_lm_params(CONFIG, 4)["head.weight"])
 
 
 def test_load_params_rejects_wrong_dicts():
     init = init_lm_params(CONFIG, 0)
     with pytest.raises(ValueError, match="head.weight"):
-        jax_lm.load_params(jax_lm.JaxLM(CONFIG), {k: v for k, v in init.items() if k != "head.weight"})
+        jax_nnx.load_params(jax_nnx.JaxLM(CONFIG), {k: v for k, v in init.items() if k != "head.weight"})
     with pytest.raises(ValueError, match="norm.weight"):
-        jax_lm.load_params(jax_lm.JaxLM(CONFIG), {**init, "norm.weight": np.ones(7, np.float32)})
+        jax_nnx.load_params(jax_nnx.JaxLM(CONFIG), {**init, "norm.weight": np.ones(7, np.float32)})
     with pytest.raises(ValueError):
         mlx_lm.load_params(mlx_lm.MLXLM(CONFIG), {k: v for k, v in init.items() if k != "head.weight"})
 
@@ -129,7 +129,7 @@ def test_mlx_and_jax_agree(config):
 
 
 def test_jax_module_matches_pure_function():
-    model = jax_lm.JaxLM(CONFIG, seed=7)
+    model = jax_nnx.JaxLM(CONFIG, seed=7)
     inputs, targets = _batch(CONFIG)
 
     def module_loss(m):
@@ -138,7 +138,7 @@ def test_jax_module_matches_pure_function():
         return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
     loss, grads = nnx.jit(nnx.value_and_grad(module_loss))(model)
-    ref_loss, ref_grads = _jax_loss_and_grads(jax_lm.params_from_model(model), inputs, targets, CONFIG)
+    ref_loss, ref_grads = _jax_loss_and_grads(jax_nnx.params_from_model(model), inputs, targets, CONFIG)
     assert float(loss) == pytest.approx(ref_loss, abs=1e-6)
     np.testing.assert_allclose(np.asarray(grads.layers[1].mlp.w_in.weight[...]), ref_grads["layers.1.mlp.w_in.weight"],
                                rtol=1e-5, atol=1e-7)
@@ -147,7 +147,7 @@ def test_jax_module_matches_pure_function():
 def test_loss_at_init_is_near_log_vocab():
     inputs, targets = _batch(CONFIG)
     mlx_loss = float(mlx_lm.lm_loss(_mlx_model(CONFIG), mx.array(inputs), mx.array(targets)))
-    jax_loss, _ = _jax_loss_and_grads(jax_lm.params_from_model(jax_lm.JaxLM(CONFIG)), inputs, targets, CONFIG)
+    jax_loss, _ = _jax_loss_and_grads(jax_nnx.params_from_model(jax_nnx.JaxLM(CONFIG)), inputs, targets, CONFIG)
     assert abs(mlx_loss - math.log(CONFIG.vocab_size)) < 0.05
     assert abs(jax_loss - math.log(CONFIG.vocab_size)) < 0.05
 
@@ -157,7 +157,7 @@ def test_causal_in_both_frameworks():
     changed = inputs.copy()
     changed[:, 8] = (changed[:, 8] + 1) % CONFIG.vocab_size
     mlx_model = _mlx_model(CONFIG)
-    params = jax_lm.params_from_model(jax_lm.JaxLM(CONFIG))
+    params = jax_nnx.params_from_model(jax_nnx.JaxLM(CONFIG))
     jax_logits = jax.jit(functools.partial(jax_lm.lm_logits_fn, config=CONFIG))
     for logits in (lambda x: np.array(mlx_model(mx.array(x))), lambda x: np.asarray(jax_logits(params, x))):
         before, after = logits(inputs), logits(changed)

@@ -1,7 +1,8 @@
 """Small reference models, identical in MLX and JAX, for training-step experiments.
 
 The config and seeded weights (:mod:`workbench.models.init`) need only NumPy; the
-framework modules (:mod:`workbench.models.mlx_lm`, :mod:`workbench.models.jax_lm`)
+framework modules (:mod:`workbench.models.mlx_lm`, :mod:`workbench.models.jax_lm`, its NNX module
+:mod:`workbench.models.jax_nnx`)
 import MLX or JAX and are loaded only when imported by name.
 """
 
