@@ -142,7 +142,7 @@ def test_a_rank_loads_an_earlier_runs_step_from_the_step_cache_where_rank_0_read
     assert step_cache_file(digest) is None
     assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == COMPILED
     kept.parent.chmod(0o700)
-    monkeypatch.setattr(shared_compile, "STEP_CACHE_FILES", 1)  # bounded: the least recently used out
+    monkeypatch.setattr(shared_compile, "STEP_CACHE_BYTES", 1)  # bounded: the least recently used out
     other, _ = _lowered(16)
     other_digest = program_digest(other.as_text(), [d.id for d in one])
     shared_compile._keep(other.compile(), step_cache_file(other_digest))

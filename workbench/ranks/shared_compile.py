@@ -16,7 +16,7 @@ hosts get none and compile their own, since XLA compiles for the CPU it runs on)
   (``deserialize_and_load``) instead of compiling; where it differs, or rank 0 could not serialize, it
   compiles its own. A failed compile on rank 0 is written there too, so the others fail at once, naming it;
 * the step cache: every executable a rank compiled afresh and serialized is also kept in a folder of the
-  compile cache (:func:`step_cache_file`, keyed by the program's digest and this machine's CPU). In a later run,
+  compile cache (:func:`step_cache_file`, keyed by the program's digest and this machine's CPU; 512 MiB). In a later run,
   where rank 0 read its step back from JAX's cache and so shares nothing, the other ranks load the step from
   there instead of compiling it: 2-9 CPU-seconds a rank for the validation LM's steps, paid again by every
   repeated run of a sweep, a rebuilt notebook or another test (rank 0's own read-back takes 0.3-0.5 s).
@@ -50,8 +50,9 @@ from workbench.runs.atomic import write_atomic
 PEER_WAIT_S = 900.0
 #: How the step's executable came to this rank (the run summary's ``step_program``).
 COMPILED, LOADED, STEP_CACHED = "compiled here", "loaded from rank 0", "loaded from the step cache"
-#: The step cache's folder inside the compile cache, and how many executables it keeps (least recently used out).
-STEP_CACHE, STEP_CACHE_FILES = "steps", 256
+#: The step cache's folder inside the compile cache, and the bytes of executables it keeps (least recently used out;
+#: the validation LM's steps are 0.8-4.4 MB each).
+STEP_CACHE, STEP_CACHE_BYTES = "steps", 512 * 2**20
 _DIGEST, _EXECUTABLE, _FAILED, _UNSHARED = "step.digest", "step.executable", "step.failed", "step.unshared"
 
 
@@ -157,7 +158,7 @@ def step_cache_file(digest: str) -> Path | None:
 
 def _keep(compiled: Any, path: Path | None, blob: bytes | None = None) -> None:
     """Keep a fresh compile in the step cache at ``path`` (serialized unless ``blob`` is), the least recently used
-    out beyond :data:`STEP_CACHE_FILES`; where it cannot be serialized or written, nothing is kept."""
+    out beyond :data:`STEP_CACHE_BYTES`; where it cannot be serialized or written, nothing is kept."""
     if path is None:
         return
     try:
@@ -166,9 +167,12 @@ def _keep(compiled: Any, path: Path | None, blob: bytes | None = None) -> None:
 
             blob = serialize(compiled)[0]
         write_atomic(path, blob)
-        kept = sorted(path.parent.glob("*.executable"), key=lambda p: p.stat().st_mtime)
-        for old in kept[:max(0, len(kept) - STEP_CACHE_FILES)]:
-            old.unlink(missing_ok=True)
+        kept = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in path.parent.glob("*.executable")), reverse=True)
+        total = 0
+        for _, size, old in kept:  # the newest first: those past the bound go
+            total += size
+            if total > STEP_CACHE_BYTES and old != path:
+                old.unlink(missing_ok=True)
     except Exception:  # a host callback does not pickle; a full disk: the run goes on, compiling next time
         pass
 

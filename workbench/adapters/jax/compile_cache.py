@@ -8,7 +8,8 @@ JAX's own version, so the executable read back is the one a compile would make (
 of cached and compiled runs, compiled collectives and XLA's memory plan included). On CPU across processes only
 rank 0's programs are read back (:func:`compile_cache_state`). Where rank 0 compiles instead, the other ranks
 on its machine load its executable (:mod:`workbench.ranks.shared_compile`); where it reads its step back, they
-compile theirs.
+load an earlier run's from the step cache that module keeps in a folder of this one (``steps/``), or compile
+theirs where none is kept.
 
 The folder is ``$WORKBENCH_JAX_CACHE``, else ``~/.cache/workbench/jax`` (beside the clusters' files of
 :func:`~workbench.launch.cluster_files.cluster_profile_dir`); ``WORKBENCH_JAX_CACHE=off`` compiles every
