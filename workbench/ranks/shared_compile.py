@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from workbench.adapters.jax.compile_cache import cache_hits, compile_cache_dir, count_cache_events
+from workbench.core.units import MiB
 from workbench.runs.atomic import write_atomic
 
 #: Longest wait for rank 0's digest and executable, both together; the driver's startup watchdog (180 s unless
@@ -52,7 +53,7 @@ PEER_WAIT_S = 900.0
 COMPILED, LOADED, STEP_CACHED = "compiled here", "loaded from rank 0", "loaded from the step cache"
 #: The step cache's folder inside the compile cache, and the bytes of executables it keeps (least recently used out;
 #: the validation LM's steps are 0.8-4.4 MB each).
-STEP_CACHE, STEP_CACHE_BYTES = "steps", 512 * 2**20
+STEP_CACHE, STEP_CACHE_BYTES = "steps", 512 * MiB
 _DIGEST, _EXECUTABLE, _FAILED, _UNSHARED = "step.digest", "step.executable", "step.failed", "step.unshared"
 
 
