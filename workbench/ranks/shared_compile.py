@@ -16,10 +16,10 @@ hosts get none and compile their own, since XLA compiles for the CPU it runs on)
   (``deserialize_and_load``) instead of compiling; where it differs, or rank 0 could not serialize, it
   compiles its own. A failed compile on rank 0 is written there too, so the others fail at once, naming it;
 * the step cache: every executable a rank compiled afresh and serialized is also kept in a folder of the
-  compile cache (:func:`step_cache_file`, keyed by the program's digest and this machine's CPU; 512 MiB). In a later run,
-  where rank 0 read its step back from JAX's cache and so shares nothing, the other ranks load the step from
-  there instead of compiling it: 2-9 CPU-seconds a rank for the validation LM's steps, paid again by every
-  repeated run of a sweep, a rebuilt notebook or another test (rank 0's own read-back takes 0.3-0.5 s).
+  compile cache (:func:`step_cache_file`, keyed by the program's digest and this machine's CPU; 512 MiB). In a
+  later run, where rank 0 read its step back from JAX's cache and so shares nothing, the other ranks load the
+  step from there instead of compiling it: 2-9 CPU-seconds a rank for the validation LM's steps, paid again by
+  every repeated run of a sweep, a rebuilt notebook or another test (rank 0's own read-back takes 0.3-0.5 s).
 
 A loaded executable is the one rank 0 runs: same program, same options, the same device assignment (the
 tests compare such runs with runs whose ranks each compiled). Loading runs machine code rank 0 wrote, so the
@@ -168,7 +168,8 @@ def _keep(compiled: Any, path: Path | None, blob: bytes | None = None) -> None:
 
             blob = serialize(compiled)[0]
         write_atomic(path, blob)
-        kept = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in path.parent.glob("*.executable")), reverse=True)
+        kept = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in path.parent.glob("*.executable")),
+                      reverse=True)
         total = 0
         for _, size, old in kept:  # the newest first: those past the bound go
             total += size
