@@ -2,6 +2,7 @@
 second run of a spec reads its steps back and stores the same record as the first, which compiled them."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -80,9 +81,12 @@ def _lowered(width: int = 8):
     return jax.jit(f, donate_argnums=1).lower(*args), args
 
 
-def test_a_rank_loads_rank_0s_executable_of_its_own_program_and_it_computes_what_its_own_compile_does(tmp_path):
+def test_a_rank_loads_rank_0s_executable_of_its_own_program_and_it_computes_what_its_own_compile_does(tmp_path,
+                                                                                                    monkeypatch):
     import jax
     import numpy as np
+
+    monkeypatch.setenv(CACHE_ENV, f"{tmp_path}-cache")  # its step cache its own, not the session's
 
     lowered, (w, x) = _lowered()
     text = lowered.as_text()
@@ -125,7 +129,7 @@ def test_a_rank_loads_an_earlier_runs_step_from_the_step_cache_where_rank_0_read
     assert compile_step(lowered, text, 0, tmp_path / "first", one)[1] == COMPILED  # a fresh compile: kept
     kept = step_cache_file(digest)
     assert kept.parent == tmp_path / "cache" / "steps" and kept.exists()
-    assert kept.read_bytes() == (tmp_path / "first" / "step.executable").read_bytes()
+    assert kept.read_bytes()[32:] == (tmp_path / "first" / "step.executable").read_bytes()  # behind its sha256
     assert (kept.parent.stat().st_mode & 0o077) == 0  # this user's alone
     # a later run: rank 0 read its step back from JAX's cache, which it cannot share
     (tmp_path / "second" / "step.digest").write_text(digest)
@@ -134,10 +138,31 @@ def test_a_rank_loads_an_earlier_runs_step_from_the_step_cache_where_rank_0_read
     assert how == STEP_CACHED
     want = jax.device_get(lowered.compile()(w, x.copy()))
     assert all(np.array_equal(a, b) for a, b in zip(jax.device_get(loaded(w, x.copy())), want))
-    kept.write_bytes(b"not an executable")  # unreadable: dropped, compiled, and the fresh compile kept
+    kept.write_bytes(b"not an executable")  # unreadable: compiled, and the fresh compile kept
     assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == COMPILED
     assert kept.read_bytes() != b"not an executable"
     assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == STEP_CACHED
+    damaged = bytearray(kept.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF  # one flipped byte: its sha256 no longer matches, so it is never loaded
+    kept.write_bytes(bytes(damaged))
+    assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == COMPILED
+    assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == STEP_CACHED
+    # compiled otherwise, another program: other $XLA_FLAGS or another JAX option (a compile option JAX derives)
+    flags = os.environ.get("XLA_FLAGS", "")
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_cpu_enable_fast_math=false")
+    assert program_digest(text, [d.id for d in one]) != digest
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    effort = jax.config.values["jax_exec_time_optimization_effort"]
+    try:
+        jax.config.update("jax_exec_time_optimization_effort", 0.5)
+        assert program_digest(text, [d.id for d in one]) != digest
+    finally:
+        jax.config.update("jax_exec_time_optimization_effort", effort)
+    assert program_digest(text, [d.id for d in one]) == digest
+    monkeypatch.setattr(shared_compile, "_machine", lambda: None)  # a CPU /proc/cpuinfo does not name: no cache
+    assert step_cache_file(digest) is None
+    monkeypatch.undo()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     kept.parent.chmod(0o755)  # a folder others may read: nothing read or kept there
     assert step_cache_file(digest) is None
     assert compile_step(lowered, text, 1, tmp_path / "second", one)[1] == COMPILED

@@ -1,4 +1,4 @@
-"""The language model of :mod:`workbench.models.init` in JAX: pure functions and a flax NNX module.
+"""The language model of :mod:`workbench.models.init` in JAX: pure functions (its NNX module: ``jax_nnx``).
 
 The math lives in pure functions of a flat ``{dotted path: array}`` dict
 (:func:`lm_logits_fn`, :func:`lm_loss_fn`), which is what ``shard_map`` FSDP steps

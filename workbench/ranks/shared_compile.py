@@ -72,12 +72,16 @@ def compile_folder(framework: str, num_ranks: int, local: bool) -> Iterator[str 
 
 
 def program_digest(program_text: str, device_ids: Sequence[int] = ()) -> str:
-    """The sha256 of a lowered program's text, the ids of its devices in mesh order, ``$XLA_FLAGS`` and JAX's
-    version: ranks share an executable only for the same program, compiled alike."""
+    """The sha256 of a lowered program's text, the ids of its devices in mesh order, ``$XLA_FLAGS``, JAX's
+    version and every JAX option (``jax.config.values``: the compile options JAX derives from them, such as
+    ``jax_optimization_level``, included): ranks share an executable only for the same program, compiled alike."""
     from importlib import metadata
 
+    import jax
+
     versions = [metadata.version(name) for name in ("jax", "jaxlib")]
-    key = repr((program_text, list(device_ids), os.environ.get("XLA_FLAGS", ""), versions))
+    options = sorted(jax.config.values.items())
+    key = repr((program_text, list(device_ids), os.environ.get("XLA_FLAGS", ""), versions, options))
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -110,17 +114,36 @@ def compile_step(lowered: Any, program_text: str, rank: int, folder: str | Path 
         _check_private(folder)
         return _load(shared.read_bytes(), lowered, devices), LOADED
     cached = step_cache_file(digest)
-    if cached is not None and cached.exists():
+    blob = _read_kept(cached)
+    if blob is not None:
         try:
-            compiled = _load(cached.read_bytes(), lowered, devices)
-        except Exception:  # unreadable or from another jaxlib build: dropped, and compiled here
-            cached.unlink(missing_ok=True)
+            compiled = _load(blob, lowered, devices)
+        except Exception:  # from another jaxlib build, say: dropped, and compiled here
+            with contextlib.suppress(OSError):
+                cached.unlink()
         else:
-            os.utime(cached)  # recently used: the last out
+            with contextlib.suppress(OSError):  # recently used: the last out (another process may have evicted it)
+                os.utime(cached)
             return compiled, STEP_CACHED
     compiled = lowered.compile()
     _keep(compiled, cached)
     return compiled, COMPILED
+
+
+def _read_kept(path: Path | None) -> bytes | None:
+    """The executable kept at ``path``, its sha256 (the file's first 32 bytes) checked: None where there is none,
+    or it cannot be read, or it does not match (a damaged file is removed)."""
+    try:
+        data = path.read_bytes() if path is not None else b""
+    except OSError:
+        return None
+    if len(data) <= 32:
+        return None
+    if hashlib.sha256(data[32:]).digest() != data[:32]:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    return data[32:]
 
 
 def _load(blob: bytes, lowered: Any, devices: list) -> Any:
@@ -131,22 +154,31 @@ def _load(blob: bytes, lowered: Any, devices: list) -> Any:
     return deserialize_and_load(blob, in_tree, lowered.out_tree, execution_devices=devices)
 
 
+#: The fields of ``/proc/cpuinfo`` that tell one CPU from another as XLA compiles for it: x86's model and flags,
+#: ARM's implementer, part, revision and features.
+CPU_FIELDS = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part",
+              "CPU revision")
+
+
 @functools.cache
-def _machine() -> str:
-    """This machine's CPU as XLA compiles for it: its architecture, model and instruction-set flags."""
+def _machine() -> str | None:
+    """This machine's CPU as XLA compiles for it (its architecture and :data:`CPU_FIELDS`); None where Linux's
+    ``/proc/cpuinfo`` does not say (macOS, say): there no executable is kept or loaded, as another CPU sharing the
+    home folder could not be told apart."""
     try:
         lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
     except OSError:
-        lines = []
-    return repr((platform.machine(), sorted({x for x in lines if x.split(":")[0].strip() in ("model name", "flags")})))
+        return None
+    fields = sorted({x for x in lines if x.split(":")[0].strip() in CPU_FIELDS})
+    return repr((platform.machine(), fields)) if fields else None
 
 
 def step_cache_file(digest: str) -> Path | None:
     """Where the step cache keeps the executable of the program of ``digest`` (:func:`program_digest`) compiled on
     this machine's CPU: a folder of the compile cache made this user's alone; None where the cache is off or
     the folder is not this user's alone (then nothing is read or kept there)."""
-    root = compile_cache_dir()
-    if root is None:
+    root, machine = compile_cache_dir(), _machine()
+    if root is None or machine is None:
         return None
     folder = root / STEP_CACHE
     try:
@@ -154,7 +186,7 @@ def step_cache_file(digest: str) -> Path | None:
         _check_private(folder)
     except OSError:  # PermissionError included: another user's folder is never read
         return None
-    return folder / (hashlib.sha256((digest + _machine()).encode()).hexdigest() + ".executable")
+    return folder / (hashlib.sha256((digest + machine).encode()).hexdigest() + ".executable")
 
 
 def _keep(compiled: Any, path: Path | None, blob: bytes | None = None) -> None:
@@ -167,16 +199,20 @@ def _keep(compiled: Any, path: Path | None, blob: bytes | None = None) -> None:
             from jax.experimental.serialize_executable import serialize
 
             blob = serialize(compiled)[0]
-        write_atomic(path, blob)
-        kept = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in path.parent.glob("*.executable")),
-                      reverse=True)
-        total = 0
-        for _, size, old in kept:  # the newest first: those past the bound go
-            total += size
-            if total > STEP_CACHE_BYTES and old != path:
-                old.unlink(missing_ok=True)
+        write_atomic(path, hashlib.sha256(blob).digest() + blob)
     except Exception:  # a host callback does not pickle; a full disk: the run goes on, compiling next time
-        pass
+        return
+    kept = []
+    for other in path.parent.glob("[!.]*.executable"):  # not another process's file being written (a dot file)
+        with contextlib.suppress(OSError):  # evicted by another process meanwhile
+            info = other.stat()
+            kept.append((info.st_mtime, info.st_size, other))
+    total = 0
+    for _, size, other in sorted(kept, reverse=True):  # the newest first: those past the bound go
+        total += size
+        if total > STEP_CACHE_BYTES and other != path:
+            with contextlib.suppress(OSError):
+                other.unlink()
 
 
 def _check_private(folder: Path) -> None:

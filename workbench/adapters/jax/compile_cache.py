@@ -64,7 +64,8 @@ def compile_cache_state() -> dict:
 
     On CPU across processes JAX keys a program by the process's own device and writes entries from process 0
     only, so rank 0 reads its steps back and the other ranks compile theirs (their misses), or load rank 0's
-    fresh compile of the step (:mod:`workbench.ranks.shared_compile`; counted by neither)."""
+    fresh compile of the step or an earlier run's from the step cache (:mod:`workbench.ranks.shared_compile`;
+    counted by neither)."""
     if _state["folder"] is None:  # never enabled here: nothing of this cache's to count
         return {"folder": None, "hits": 0, "misses": 0}
     return {"folder": _state["folder"], "hits": _state["hits"], "misses": _state["requests"] - _state["hits"]}
