@@ -7,10 +7,14 @@ the next run of the same ranks and framework, which joins the group its engines 
 returns the group it made). Each run still starts from nothing of the last one's: :func:`~workbench.ranks.entry.train_rank`
 drops the last run's buffers and resets the high-water mark before it builds anything.
 
-Only MLX's engines are kept. A JAX run's measured peak is how far its last step raises the process's high-water
-mark of resident memory (``VmHWM``); on an engine an earlier run used, the heap that run left absorbed the step's
-buffers: ZeRO-3's rank 0 read 0.60 of XLA's plan where fresh engines read 1.00-1.26 (the memory validation's
-LM, 2 ranks, after a DDP run). So JAX runs start fresh engines, as without a pool (:data:`KEPT_FRAMEWORKS`).
+JAX's engines are kept too, and their joined ``jax.distributed`` client with them. A JAX run's measured peak is
+how far its last step raises the process's high-water mark of resident memory (``VmHWM``), after the allocator's
+free pages are handed back (:func:`~workbench.ranks.profile_probe.rss_above`); on engines an earlier run used it
+reads as on fresh ones: notebook 06's 9 JAX runs (validation LM, 2 ranks) read 0.99-1.02 of XLA's plan under ddp
+and fsdp-row on both, and fsdp-full 0.97-1.30 pooled, 1.03-1.31 fresh (gloo's gathers sit outside the plan), while
+the sweep took 31.5 s pooled against 71.9 s fresh. One rank alone can read low on either: ZeRO-3's rank 0 read
+0.60 of the plan once on reused engines, and 0.74-0.77 in suite runs on fresh ones; a run's peak is its highest
+rank's, and test_validation holds that.
 
 What is never reused: engines of a run that failed, timed out or was interrupted (they are stopped, as without a
 pool: a rank may be wedged in a collective); engines of another rank count or framework, or started under another
@@ -34,8 +38,8 @@ from workbench.launch.engines import (PORT_ATTEMPTS, EngineRun, relaunch_on_port
 from workbench.launch.plan import plan_launch
 
 
-#: The frameworks whose engines a pool keeps between runs (see the module's docstring for JAX).
-KEPT_FRAMEWORKS = ("mlx",)
+#: The frameworks whose engines a pool keeps between runs.
+KEPT_FRAMEWORKS = ("mlx", "jax")
 
 
 class EnginePool:

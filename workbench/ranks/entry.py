@@ -47,8 +47,9 @@ def train_rank(spec_dict: dict, runs_root: str, run_id: str, import_paths: tuple
 
 def drop_last_run(framework: str) -> None:
     """What an earlier run on this engine left (a sweep's :class:`~workbench.launch.pool.EnginePool` hands engines
-    on): its objects collected, MLX's buffer cache emptied, the C allocator's free pages handed back, and the
-    high-water mark of resident memory set to now, so that the peaks this run records are its own."""
+    on): its objects collected, MLX's buffer cache or JAX's in-memory caches emptied, the C allocator's free pages
+    handed back, and the high-water mark of resident memory set to now, so that the peaks this run records are its
+    own."""
     import gc
 
     from workbench.ranks.profile_probe import release_free_memory, reset_high_water_mark
@@ -58,6 +59,10 @@ def drop_last_run(framework: str) -> None:
         import mlx.core as mx
 
         mx.clear_cache()
+    elif "jax" in sys.modules:  # the last run's compiled steps (the compile caches on disk stay)
+        import jax
+
+        jax.clear_caches()
     release_free_memory()
     reset_high_water_mark()
 
