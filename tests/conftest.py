@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import fcntl
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -460,30 +461,38 @@ sys.addaudithook(_record_spawn)
 
 
 #: Where each worker appends, per test file it ran, ``worker file first-start last-end`` (seconds since the epoch)
-#: when ``$WORKBENCH_TEST_TIMELINE`` names a file: which worker ran what when, and how long the run's tail was
-#: one or two workers alone (scripts/test_timeline.py reads it).
+#: when ``$WORKBENCH_TEST_TIMELINE`` names a file: which worker ran what when, how much CPU it took, and how long
+#: the run's tail was one or two workers alone (scripts/test_timeline.py reads it).
 TIMELINE = os.environ.get("WORKBENCH_TEST_TIMELINE")
-_spans: dict[str, list[float]] = {}  # this worker's test files: [first start, last end]
+_spans: dict[str, list[float]] = {}  # this worker's test files: [first start, last end, CPU seconds]
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this worker and of every process it (or a process it started) waited for: ranks, engines,
+    controllers, kernels, Chromium; a process still running when its test ends counts where it is reaped."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     if item.get_closest_marker(PROCESS) is None:
         _started[item.nodeid] = []
-    start = time.time()
+    start, cpu = time.time(), _cpu_seconds() if TIMELINE else 0.0
     try:
         return (yield)
     finally:
         _started.clear()
         if TIMELINE:
-            _spans.setdefault(item.location[0], [start, start])[1] = time.time()
+            span = _spans.setdefault(item.location[0], [start, start, 0.0])
+            span[1], span[2] = time.time(), span[2] + _cpu_seconds() - cpu
 
 
 def pytest_sessionfinish(session):
     if TIMELINE and _spans:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(TIMELINE, "a", encoding="utf-8") as out:
-            out.write("".join(f"{worker} {name} {a:.2f} {b:.2f}\n" for name, (a, b) in _spans.items()))
+            out.write("".join(f"{worker} {name} {a:.2f} {b:.2f} {cpu:.2f}\n" for name, (a, b, cpu) in _spans.items()))
 
 
 @pytest.hookimpl(wrapper=True)

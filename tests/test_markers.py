@@ -102,16 +102,20 @@ def test_the_timeline_names_each_file_a_worker_ran_and_the_script_reads_it(pytes
     pytester.makeconftest((TESTS / "conftest.py").read_text() + '\nMODULE_MARKERS.update(test_one=(), test_two=())\n')
     pytester.makeini("[pytest]\nmarkers =\n    process\n    browser\n    rig\n    network\n")
     pytester.makepyfile(test_one="def test_a():\n    pass\ndef test_b():\n    pass\n",
-                        test_two="import time\ndef test_c():\n    time.sleep(0.2)\n")
-    pytester.runpytest_inprocess(*QUIET).assert_outcomes(passed=3)
+                        test_two="import time\ndef test_c():\n    time.sleep(0.2)\n"
+                                 "def test_d():\n    t = time.process_time()\n"
+                                 "    while time.process_time() - t < 0.3:\n        pass\n")
+    pytester.runpytest_inprocess(*QUIET).assert_outcomes(passed=4)
     lines = [line.split() for line in timeline.read_text().splitlines()]
     assert sorted((w, f) for w, f, *_ in lines) == [("main", "test_one.py"), ("main", "test_two.py")]
-    spans = {f: (float(a), float(b)) for _, f, a, b in lines}
-    assert spans["test_one.py"][1] <= spans["test_two.py"][0] and spans["test_two.py"][1] - spans["test_two.py"][0] >= 0.15
+    spans = {f: (float(a), float(b), float(cpu)) for _, f, a, b, cpu in lines}
+    assert spans["test_one.py"][1] <= spans["test_two.py"][0] and spans["test_two.py"][1] - spans["test_two.py"][0] >= 0.45
+    assert spans["test_one.py"][2] < 0.25 <= spans["test_two.py"][2] < 1.0  # the sleep took no CPU, the loop 0.3 s
     monkeypatch.setattr("sys.argv", ["test_timeline.py", str(timeline)])
     runpy.run_path(str(ROOT / "scripts" / "test_timeline.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert "main: 2 files, busy 0 s" in out and "test_two.py" in out and "fewer than 1 workers busy" in out
+    assert re.search(r"main: 2 files, busy [01] s", out) and "test_two.py" in out and "fewer than 1 workers busy" in out
+    assert "CPU: " in out and out.index("test_two.py", out.index("CPU: ")) < out.index("test_one.py", out.index("CPU: "))
 
 
 def test_each_file_runs_whole_and_in_order_longest_first(request):
