@@ -152,6 +152,17 @@ def rss_above(run: Callable[[], Any]) -> tuple[int | None, Any]:
     return max(0, status_bytes("VmHWM") - start), result
 
 
+def step_rss_above(run: Callable[[], Any]) -> tuple[int | None, Any]:
+    """:func:`rss_above` with every block of a page or more mapped on its own while ``run()`` runs
+    (:func:`map_large_allocations`), so a buffer that reuses pages the heap kept from an earlier step is seen;
+    afterwards blocks below :data:`GLIBC_MMAP_THRESHOLD_MAX` come from the heap again, as in a warm process."""
+    map_large_allocations()
+    try:
+        return rss_above(run)
+    finally:
+        map_large_allocations(GLIBC_MMAP_THRESHOLD_MAX)
+
+
 #: Longest wait, in seconds, for the other profiling processes to be ready to measure.
 PEER_WAIT_S = 120.0
 
