@@ -248,7 +248,7 @@ def test_bad_inputs_are_refused_by_name():
             step.step(p, state, (batch[0][:30], batch[1][:30]))
 
 
-def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(tmp_path, shared_runs):
+def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(tmp_path, shared_runs, engine_pool):
     """Real ipyparallel engines, two JAX processes over gloo: fsdp-row with G=2 per-micro-batch sync
     counts G reduce-scatters per bucket in every step row and matches the G=1 run's losses. The G=1 run is
     tests/test_train_jax.py's fsdp-row run (the same spec), trained once a session."""
@@ -259,7 +259,8 @@ def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(t
     tiny = dict(vocab_size=32, seq_len=16, dim=32, num_layers=1, num_heads=2, mlp_dim=64)
     specs = {g: RunSpec(framework="jax", strategy="fsdp-row", num_ranks=2, steps=4, global_batch=8, model=tiny,
                         num_microbatches=g, defer_sync=False) for g in (1, 2)}
-    outcomes = {1: shared_runs.run(specs[1], tmp_path), 2: run_training(specs[2], tmp_path)}
+    outcomes = {1: shared_runs.run(specs[1], tmp_path, pool=engine_pool),  # the G=2 run on the same engines
+                2: run_training(specs[2], tmp_path, pool=engine_pool)}
     assert {g: o.status for g, o in outcomes.items()} == {1: "done", 2: "done"}, outcomes
     loaded = load_runs(tmp_path)
     assert loaded.problems == []
