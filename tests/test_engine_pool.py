@@ -17,6 +17,7 @@ from workbench.runs.spec import RunSpec
 TINY = dict(vocab_size=32, seq_len=8, dim=16, num_layers=1, num_heads=2, mlp_dim=32)
 LARGER = dict(vocab_size=256, seq_len=8, dim=64, num_layers=2, num_heads=2, mlp_dim=256)  # ~35x TINY's parameters
 LARGEST = dict(vocab_size=1024, seq_len=8, dim=256, num_layers=2, num_heads=2, mlp_dim=1024)  # ~10x LARGER's
+HUGE = dict(vocab_size=2048, seq_len=8, dim=512, num_layers=2, num_heads=2, mlp_dim=2048)  # ~4x LARGEST's
 
 
 def spec(**kw) -> RunSpec:
@@ -36,8 +37,7 @@ def stored(root, run_id) -> tuple[dict, list[int]]:
 
 def test_a_sweep_reuses_its_engines_and_each_run_stores_what_fresh_engines_store(tmp_path):
     specs = [spec(strategy="fsdp-row", model=LARGER), spec(strategy="ddp"),
-             spec(framework="jax", strategy="fsdp-full", model=LARGEST),
-             spec(framework="jax", strategy="ddp", model=LARGER)]
+             spec(framework="jax", strategy="ddp", model=HUGE), spec(framework="jax", strategy="ddp", model=LARGEST)]
     pids = []
     with EnginePool() as pool:
         outcomes = run_specs(specs, tmp_path / "pooled", pool=pool, on_engines=lambda e: pids.append(dict(e.pids)))
@@ -58,17 +58,17 @@ def test_a_sweep_reuses_its_engines_and_each_run_stores_what_fresh_engines_store
         assert pooled_steps == fresh_steps, second.framework  # every loss and gradient norm, bit for bit
         # The peak, reset before the run (MLX) or read over its last step (JAX), is the run's own. Fresh processes'
         # MLX peaks differ by up to ~6% (84-91 KiB over ranks and runs: buffers MLX allocates once a process), and
-        # JAX's resident pages by a few (80-96 KiB on TINY, so JAX's second run is LARGER), so 10% is the
+        # JAX's resident pages by a few (80-96 KiB on TINY, so JAX's second run is LARGEST), so 10% is the
         # tolerance; the peak the larger first run left on these engines is several times the second run's, and
         # would fail it
         first = outcomes[specs.index(second) - 1]
         _, larger_peaks = stored(tmp_path / "pooled", first.run_id)
         assert min(larger_peaks) > 3 * max(fresh_peaks), (second.framework, larger_peaks, fresh_peaks)
-        slack = 0
-        if second.framework == "jax":  # a JAX run's peak is its highest rank's; on LARGER's ~3.4 MB it read 3.2-3.7 MB
-            pooled_peaks, fresh_peaks, slack = [max(pooled_peaks)], [max(fresh_peaks)], 2**20  # fresh or pooled alike
-        assert all(abs(a - b) <= 0.10 * b + slack for a, b in zip(pooled_peaks, fresh_peaks)), \
-            (pooled_peaks, fresh_peaks)
+        # a JAX run's peak is its highest rank's (on a 3.4 MB LM its ranks read 3.2-3.7 MB, so LARGEST's here; ddp,
+        # as fsdp-full's rank 1 holds gloo's gathers beside XLA's buffers, 51-68 MB on LARGEST, fresh or kept)
+        if second.framework == "jax":
+            pooled_peaks, fresh_peaks = [max(pooled_peaks)], [max(fresh_peaks)]
+        assert all(abs(a - b) <= 0.10 * b for a, b in zip(pooled_peaks, fresh_peaks)), (pooled_peaks, fresh_peaks)
 
 
 def test_failed_runs_and_dead_engines_are_never_handed_on(tmp_path):
