@@ -8,9 +8,10 @@ returns the group it made). Each run still starts from nothing of the last one's
 drops the last run's buffers and resets the high-water mark before it builds anything.
 
 JAX's engines are kept too, and their joined ``jax.distributed`` client with them. A JAX run's measured peak is
-how far its last step raises the process's high-water mark of resident memory (``VmHWM``), after the allocator's
-free pages are handed back (:func:`~workbench.ranks.profile_probe.rss_above`); on engines an earlier run used it
-reads as on fresh ones: notebook 06's 9 JAX runs (validation LM, 2 ranks) read 0.99-1.02 of XLA's plan under ddp
+how far one more step after its own raises the process's high-water mark of resident memory (``VmHWM``), each
+buffer in pages of its own (:func:`~workbench.ranks.profile_probe.step_rss_above`); on engines an earlier run used
+it reads as on fresh ones. Read over the last timed step (before that measure), notebook 06's 9 JAX runs
+(validation LM, 2 ranks, 2 steps) read 0.99-1.02 of XLA's plan under ddp
 and fsdp-row on both, and fsdp-full 0.97-1.30 pooled, 1.03-1.31 fresh (gloo's gathers sit outside the plan), while
 the sweep took 31.5 s pooled against 71.9 s fresh. One rank alone can read low on either: ZeRO-3's rank 0 read
 0.60 of the plan once on reused engines, and 0.74-0.77 in suite runs on fresh ones; a run's peak is its highest
