@@ -56,8 +56,8 @@ def test_a_sweep_reuses_its_engines_and_each_run_stores_what_fresh_engines_store
         (pooled_steps, pooled_peaks), (fresh_steps, fresh_peaks) = (stored(tmp_path / name, fresh.run_id)
                                                                     for name in ("pooled", "fresh"))
         assert pooled_steps == fresh_steps, second.framework  # every loss and gradient norm, bit for bit
-        # The peak, reset before the run (MLX) or read over one more step after it (JAX), is the run's own. Fresh processes'
-        # MLX peaks differ by up to ~6% (84-91 KiB over ranks and runs: buffers MLX allocates once a process), and
+        # The peak, reset before the run (MLX) or read over one more step after it (JAX), is the run's own. Fresh
+        # processes' MLX peaks differ by up to ~6% (84-91 KiB over ranks and runs: buffers MLX allocates once), and
         # JAX's resident pages by a few (80-96 KiB on TINY, so JAX's second run is LARGEST), so 10% is the
         # tolerance; the peak the larger first run left on these engines is several times the second run's, and
         # would fail it
