@@ -285,3 +285,35 @@ def test_memory_explorer_status_reads_for_people_and_takes_the_activation_levers
     assert "recompute=True, fused_attention=True" in line
     again = eval(line, {"build_memory_explorer": build_memory_explorer})
     assert stacked_totals(again.figure) == pytest.approx(stacked_totals(explorer.figure))
+
+
+def test_a_jax_peak_without_a_truth_is_shown_not_held_and_a_missed_peak_names_its_term():
+    """The committed reference runs predate the JAX truth: their JAX peak is XLA's plan, shown (grey) with no
+    target; a missed peak's cause names the term that is off (with a plan: the plan against the estimate, the
+    measurement against the plan; without one: the estimate's peak phase), and the figure's hover carries it."""
+    from workbench.runs.estimate import estimate_run_memory
+    from workbench.runs.tables import load_runs
+    from workbench.studies.design_review import reference_runs_dir
+    from workbench.studies.memory import memory_validation, peak_cause
+
+    table = memory_validation(load_runs(reference_runs_dir("memory")))
+    peaks = table[table.component == "peak"]
+    jax, mlx = peaks[peaks.framework == "jax"], peaks[peaks.framework == "mlx"]
+    assert len(jax) == 4 and jax.tolerance.isna().all() and jax.within.isna().all() and (jax.cause == "").all()
+    assert jax.source.str.startswith("XLA").all() and (jax.plan_bytes == jax.measured_bytes).all()
+    assert mlx.within.all() and mlx.plan_bytes.isna().all() and (mlx.cause == "").all()
+    estimate = estimate_run_memory(dict(framework="jax", strategy="fsdp-full", num_ranks=2, precision="float32",
+                                        optimizer="adamw", global_batch=8, communication_size=2**20,
+                                        model=dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4,
+                                                   mlp_dim=128)))
+    total = estimate.total_bytes
+    gloo = peak_cause(estimate, int(1.3 * total), total, 0.10)  # the plan right, the rank 30% beyond it
+    assert gloo == "the rank held +30% against XLA's plan (buffers outside the compiled step: gloo's for the collectives)"
+    schedule = peak_cause(estimate, int(0.8 * total), int(0.8 * total), 0.10)
+    assert schedule.startswith("XLA's plan of the step is 0.80 of the estimate: its schedule holds less than the "
+                               f"estimate's {estimate.peak_phase} phase (") and "against" not in schedule
+    assert peak_cause(estimate, int(1.2 * total), None, 0.10).startswith(f"the estimate's {estimate.peak_phase} phase (")
+    missed = table.assign(within=table.within.where(table.component != "peak", False),
+                          cause=table.cause.where(table.component != "peak", "the term"))
+    hover = [t["customdata"] for t in fig_memory_validation(missed).data if t.customdata is not None]
+    assert any("<br>the term" in c for cs in hover for c in cs)

@@ -6,11 +6,14 @@ the ranks measured (every run record holds it):
 * ``parameters`` and ``optimizer_state``: bytes of the live arrays on the rank (MLX arrays; the
   JAX device's shards). Target: within :data:`COMPONENT_TOLERANCE`.
 * ``peak``: MLX's ``mx.get_peak_memory`` over the run (its allocator's high-water mark of array
-  bytes); JAX on CPU has no allocator statistics, so its ``peak`` is XLA's buffer plan of the
-  compiled step (arguments + outputs + temporaries). Target: within :data:`PEAK_TOLERANCE`
-  for MLX runs of the built-in LM (a user model's activations are its logits only in the estimate:
-  its peak is reported, not held). XLA's plan reuses output buffers for gradients where it can, which a closed formula
-  does not follow: the JAX peak is reported, with its ratio, but not held to the target.
+  bytes); JAX on CPU has no allocator statistics, so its ``peak`` is the rank's ``truth_peak`` (one more
+  step's arguments + how far it raised ``VmHWM``: :data:`workbench.ranks.probes.TRUTH_SOURCE`), with XLA's
+  buffer plan of the step beside it (``plan_bytes``). A run recorded before ranks read the truth shows the
+  plan, with no target (the plan is an estimate too). Target: within :data:`PEAK_TOLERANCE` for runs of the
+  built-in LM (a user model's activations are its logits only in the estimate: its peak is reported, not
+  held; notebook 07 holds it to the prediction made from its profile). Where a held peak misses, ``cause``
+  names the term that is off (:func:`peak_cause`): the estimate's phases against XLA's schedule, or what the
+  rank held beyond XLA's plan.
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ def memory_validation(loaded) -> "pd.DataFrame":
     Returns:
         Columns ``run``, ``run_id``, ``framework``, ``strategy``, ``rank``, ``component``
         (``parameters``, ``optimizer_state``, ``peak``), ``predicted_bytes``, ``measured_bytes``,
-        ``ratio`` (measured / predicted), ``tolerance`` (None where no target applies: the JAX
-        peak), ``within`` (bool or None) and ``source`` (how it was measured). Runs recorded
-        before measurements were stored contribute no rows.
+        ``ratio`` (measured / predicted), ``tolerance`` (None where no target applies: a user model's
+        peak, a JAX peak that is XLA's plan), ``within`` (bool or None), ``source`` (how it was measured),
+        ``plan_bytes`` (XLA's plan of the step; None for MLX) and ``cause`` (a missed target's term,
+        :func:`peak_cause`; "" otherwise). Runs recorded before measurements were stored contribute no rows.
     """
     import pandas as pd
 
@@ -60,39 +64,80 @@ def memory_validation(loaded) -> "pd.DataFrame":
     for _, run in done.iterrows():
         spec = spec_from_row(run)
         # a user model's shapes are in its record ("model_shapes"), stored by the driver that built it
-        predicted = predicted_components(estimate_run_memory(spec, run.get("model_shapes")))
+        estimate = estimate_run_memory(spec, run.get("model_shapes"))
+        predicted = predicted_components(estimate)
         for rank in run.get("summary.ranks") or []:
             measured = rank.get("measured_memory")
             if not measured:
                 continue
             for component, want in predicted.items():
-                got = measured.get(component)
+                got, source, plan = measured.get(component), "live arrays", None
+                if component == "peak":
+                    got, source, plan = measured_peak(measured)
                 if got is None:
                     continue
-                # A user model's activations are modelled by its logits only (runs.estimate): its peak is shown, not held.
-                held = spec["framework"] == "mlx" and spec.get("model_factory") is None
+                # A user model's activations are modelled by its logits only (runs.estimate): its peak is shown,
+                # not held; so is a JAX peak that is XLA's plan (a run recorded before its ranks read the truth).
+                held = spec.get("model_factory") is None and not source.startswith("XLA")
                 tolerance = (PEAK_TOLERANCE if held else None) if component == "peak" else COMPONENT_TOLERANCE
                 ratio = got / want if want else float("nan")
+                within = None if tolerance is None else bool(abs(ratio - 1) <= tolerance)
                 rows.append({
                     "run": f"{spec['framework']} {spec['strategy']}", "run_id": run.run_id,
                     "framework": spec["framework"], "strategy": spec["strategy"], "rank": rank.get("rank"),
                     "component": component, "predicted_bytes": int(want), "measured_bytes": int(got), "ratio": ratio,
-                    "tolerance": tolerance, "within": None if tolerance is None else bool(abs(ratio - 1) <= tolerance),
-                    "source": measured.get("peak_source", "live arrays") if component == "peak" else "live arrays",
+                    "tolerance": tolerance, "within": within, "source": source, "plan_bytes": plan,
+                    "cause": peak_cause(estimate, got, plan, tolerance) if within is False else "",
                 })
     columns = ["run", "run_id", "framework", "strategy", "rank", "component", "predicted_bytes", "measured_bytes",
-               "ratio", "tolerance", "within", "source"]
+               "ratio", "tolerance", "within", "source", "plan_bytes", "cause"]
     return pd.DataFrame(rows, columns=columns)
 
 
+def measured_peak(measured: dict) -> tuple[int | None, str, int | None]:
+    """A rank's measured peak, how it was read, and XLA's plan of its step (JAX; None for MLX): the truth where
+    the rank read it, else what it stored as ``peak`` (MLX's allocator mark, or, for a JAX run recorded before
+    ranks read the truth, the plan itself)."""
+    plan = measured.get("peak") if measured.get("peak_source", "").startswith("XLA") else None
+    if measured.get("truth_peak") is not None:
+        return measured["truth_peak"], measured.get("truth_source", "VmHWM"), plan
+    return measured.get("peak"), measured.get("peak_source", "live arrays"), plan
+
+
+def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolerance: float) -> str:
+    """Which term of the estimate a missed peak points at. With XLA's plan of the step (JAX): the plan against
+    the estimate (the estimate's phases against XLA's schedule, which frees and reuses buffers the phases keep,
+    or keeps some at once that the phases part), and the measured peak against the plan (buffers the rank held
+    outside the compiled program: gloo's for the collectives). Without a plan (MLX): the estimate's peak phase."""
+    total = estimate.total_bytes
+    phase = estimate.peak_phase
+    rows = ", ".join(c.name.replace("_", " ") for c in estimate.components
+                     if c.rank_bytes and c.phase == phase)
+    if plan is None:
+        return f"the estimate's {phase} phase ({rows}): measured {measured / total:.2f} of the estimate"
+    causes = []
+    if abs(plan / total - 1) > tolerance:
+        causes.append(f"XLA's plan of the step is {plan / total:.2f} of the estimate: its schedule "
+                      f"{'holds less' if plan < total else 'holds more'} than the estimate's {phase} phase ({rows})")
+    if abs(measured / plan - 1) > tolerance:
+        outside = "buffers outside the compiled step: gloo's for the collectives" if measured > plan else \
+            "pages of the plan's buffers never touched"
+        causes.append(f"the rank held {measured / plan - 1:+.0%} against XLA's plan ({outside})")
+    return "; ".join(causes) or f"the estimate and XLA's plan each within {tolerance:.0%}, their errors added"
+
+
 def memory_validation_summary(table: "pd.DataFrame") -> "pd.DataFrame":
-    """Per strategy and component: the worst |ratio - 1| over ranks and runs, and whether all are within target."""
+    """Per strategy and component: the worst |ratio - 1| over ranks and runs, whether all are within target, and
+    the worst row's ``cause`` (:func:`peak_cause`; "" where it is within or has no target)."""
     import pandas as pd
 
+    columns = ["framework", "strategy", "component", "worst_error", "tolerance", "within", "cause"]
     if table.empty:
-        return pd.DataFrame(columns=["framework", "strategy", "component", "worst_error", "tolerance", "within"])
-    t = table.assign(error=(table.ratio - 1).abs())
+        return pd.DataFrame(columns=columns)
+    t = table.assign(error=(table.ratio - 1).abs()).sort_values("error", ascending=False, kind="stable")
+    if "cause" not in t:
+        t = t.assign(cause="")
     g = t.groupby(["framework", "strategy", "component"], sort=True)
-    out = g.agg(worst_error=("error", "max"), tolerance=("tolerance", "first")).reset_index()
+    out = g.agg(worst_error=("error", "max"), tolerance=("tolerance", "first"), cause=("cause", "first")).reset_index()
     out["within"] = [None if pd.isna(tol) else bool(err <= tol) for err, tol in zip(out.worst_error, out.tolerance)]
-    return out
+    return out[columns]

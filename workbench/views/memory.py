@@ -221,8 +221,9 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
     """Measured (bars) against predicted (diamonds, with the tolerance as error bars) per run and component.
 
     One subplot per component (parameters, optimizer_state, peak); each run shows its worst rank
-    (largest |ratio - 1|), the ratio written on the bar. Green: within target; red: outside; grey:
-    no target (the JAX peak is XLA's buffer plan).
+    (largest |ratio - 1|), the ratio written on the bar, its source and a missed target's cause on hover.
+    Green: within target; red: outside; grey: no target (a user model's peak, or a JAX peak that is XLA's
+    buffer plan).
 
     Args:
         table: :func:`workbench.studies.memory.memory_validation` output.
@@ -242,7 +243,8 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
         traces.append(dict(type="bar", x=r.run.tolist(), y=(r.measured_bytes / scale).tolist(), name="measured",
                            showlegend=k == 0, legendgroup="m", xaxis=xr, yaxis=yr, marker=dict(color=color),
                            text=[f"{v:.3f}" for v in r.ratio], textposition="inside", insidetextanchor="start",
-                           customdata=r["source"].tolist(),
+                           customdata=[f"{src}<br>{cause}" if cause else src
+                                       for src, cause in zip(r["source"], r.get("cause", [""] * len(r)))],
                            hovertemplate=f"%{{x}}<br>measured %{{y:.3f}} {unit}<br>ratio %{{text}}<br>%{{customdata}}"
                                          "<extra></extra>"))
         tol = [0.0 if t is None or t != t else t for t in r.tolerance]
@@ -257,7 +259,7 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
     layout["legend"] = dict(orientation="h", yanchor="top", y=-0.32, x=0)
     layout["margin"] = dict(l=60, r=20, t=80, b=110)
     title = ("Memory model against stored runs: measured / predicted per rank (worst rank shown)"
-             "<br><sup>targets: parameters and optimizer state 5%, MLX peak 10%; JAX peak (grey) is XLA's plan</sup>")
+             "<br><sup>targets: parameters and optimizer state 5%, peak 10% (JAX: VmHWM); grey: no target</sup>")
     return figure(traces, layout, title, height)
 
 
