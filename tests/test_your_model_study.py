@@ -168,6 +168,32 @@ def test_each_runs_peak_is_held_against_its_profiles_prediction_and_the_check_na
     assert claim not in user_model_checks(summary, len(summary), validation, 512)
 
 
+def test_a_jax_run_that_read_its_truth_is_held_and_a_miss_names_its_term(store):
+    """A JAX rank that stored its truth (``truth_peak``) is held to 10% like an MLX rank, its largest rank's truth
+    the measurement; a miss names its term from XLA's plan beside it (:func:`~workbench.studies.memory.peak_cause`)."""
+    import copy
+
+    loaded = load_runs(store)
+    specs = {spec_from_row(r)["framework"]: spec_from_row(r) for _, r in loaded.runs.iterrows()}
+    profiles = {fw: closed_formula_profile(spec) for fw, spec in specs.items()}
+    jax_rows = loaded.runs.index[loaded.runs["spec.framework"] == "jax"]
+    truths = {}
+    for k, i in enumerate(jax_rows):  # rank 1 reads 1.02 of the estimate on the first run, 1.3 of the plan on the next
+        ranks = copy.deepcopy(loaded.runs.at[i, "summary.ranks"])
+        predicted = estimate_run_memory(spec_from_row(loaded.runs.loc[i])).total_bytes
+        ranks[1]["measured_memory"].update(truth_peak=int(1.02 * predicted) if k == 0 else
+                                           int(1.3 * ranks[1]["measured_memory"]["peak"]), truth_source="VmHWM")
+        ranks[0]["measured_memory"].update(truth_peak=int(0.5 * predicted), truth_source="VmHWM")
+        loaded.runs.at[i, "summary.ranks"] = ranks
+        truths[loaded.runs.at[i, "spec.strategy"]] = ranks[1]["measured_memory"]["truth_peak"]
+    peaks = peak_table(loaded, profiles).set_index("run")
+    assert len(truths) == 2
+    first, second = (f"jax {s}" for s in truths)
+    assert peaks.loc[[first, second], "measured_bytes"].tolist() == [truths[first[4:]], truths[second[4:]]]
+    assert peaks.loc[[first, second], "within"].tolist() == [True, False] and peaks.loc[first, "cause"] == ""
+    assert "+30% against XLA's plan (buffers outside the compiled step: gloo's for the collectives)" in peaks.loc[second, "cause"]
+
+
 def test_a_profile_of_another_model_is_refused(store):
     loaded = load_runs(store)
     spec = spec_from_row(loaded.runs.iloc[2])  # mlx ddp

@@ -14,7 +14,7 @@ from workbench.core.units import byte_unit, format_bytes, format_seconds
 from workbench.runs.estimate import spec_from_row
 from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.tables import LoadResult
-from workbench.studies.memory import PEAK_TOLERANCE, predicted_components
+from workbench.studies.memory import PEAK_TOLERANCE, measured_peak, peak_cause, predicted_components
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from workbench.runs.profile import ModelProfile
     from workbench.studies.your_model import YourModel
 
-#: Why a JAX run's peak is shown, not held: what the rank stores as its peak on CPU.
+#: Why a JAX run's peak is shown, not held: recorded before its ranks read their truth, it is XLA's plan.
 JAX_PEAK_CAUSE = "stored peak is XLA's buffer plan, not a measurement"
 
 
@@ -55,28 +55,32 @@ def profile_table(profiles: Mapping[str, "ModelProfile"], micro_batch: int) -> "
 
 def peak_table(loaded: LoadResult, profiles: Mapping[str, "ModelProfile"]) -> "pd.DataFrame":
     """Each done run's largest measured peak over its ranks against the peak predicted from its framework's
-    profile: ``run``, ``framework``, ``predicted_bytes``, ``measured_bytes``, ``ratio``, ``within``
-    (:data:`~workbench.studies.memory.PEAK_TOLERANCE`; None where the stored peak is not a measurement) and
-    ``cause`` (why a run is not held)."""
+    profile: ``run``, ``framework``, ``predicted_bytes``, ``measured_bytes`` (MLX's allocator mark; a JAX rank's
+    truth, :func:`~workbench.studies.memory.measured_peak`), ``ratio``, ``within``
+    (:data:`~workbench.studies.memory.PEAK_TOLERANCE`; None where the stored peak is XLA's plan, not a
+    measurement) and ``cause`` (why a run is not held, or a missed peak's term:
+    :func:`~workbench.studies.memory.peak_cause`)."""
     import pandas as pd
 
     rows = []
     runs = loaded.runs
     for _, run in runs[runs.status == "done"].iterrows() if "status" in runs else ():
         spec = spec_from_row(run)
-        measured = [r.get("measured_memory") or {} for r in run.get("summary.ranks") or []]
-        peaks = [(m["peak"], m.get("peak_source", "")) for m in measured if m.get("peak") is not None]
+        measured = [measured_peak(r.get("measured_memory") or {}) for r in run.get("summary.ranks") or []]
+        peaks = [m for m in measured if m[0] is not None]
         profile = profiles.get(spec["framework"])
         if not peaks or profile is None:
             continue
-        predicted = predicted_components(estimate_with_profile(spec, profile, run.get("model_shapes")))["peak"]
-        peak, source = max(peaks)
+        estimate = estimate_with_profile(spec, profile, run.get("model_shapes"))
+        predicted = predicted_components(estimate)["peak"]
+        peak, source, plan = max(peaks, key=lambda m: m[0])
         ratio = peak / predicted
-        plan = source.startswith("XLA")
+        shown = source.startswith("XLA")  # a run recorded before its JAX ranks read the truth: the plan
+        within = None if shown else bool(abs(ratio - 1) <= PEAK_TOLERANCE)
         rows.append({"run": f"{spec['framework']} {spec['strategy']}", "framework": spec["framework"],
-                     "predicted_bytes": int(predicted), "measured_bytes": int(peak), "ratio": ratio,
-                     "within": None if plan else bool(abs(ratio - 1) <= PEAK_TOLERANCE),
-                     "cause": JAX_PEAK_CAUSE if plan else ""})
+                     "predicted_bytes": int(predicted), "measured_bytes": int(peak), "ratio": ratio, "within": within,
+                     "cause": JAX_PEAK_CAUSE if shown else
+                     ("" if within else peak_cause(estimate, peak, plan, PEAK_TOLERANCE))})
     return pd.DataFrame(rows, columns=["run", "framework", "predicted_bytes", "measured_bytes", "ratio", "within",
                                        "cause"])
 
