@@ -308,11 +308,13 @@ def test_a_jax_peak_without_a_truth_is_shown_not_held_and_a_missed_peak_names_it
                                                    mlp_dim=128)))
     total = estimate.total_bytes
     gloo = peak_cause(estimate, int(1.3 * total), total, 0.10)  # the plan right, the rank 30% beyond it
-    assert gloo == "the rank held +30% against XLA's plan (buffers outside the compiled step: gloo's for the collectives)"
+    assert gloo == ("the rank held +30% against XLA's plan (buffers outside the compiled step: gloo's, such as the "
+                    "copy of its whole input XLA's CPU reduce-scatter makes)")
     schedule = peak_cause(estimate, int(0.8 * total), int(0.8 * total), 0.10)
     assert schedule.startswith("XLA's plan of the step is 0.80 of the estimate: its schedule holds less than the "
                                f"estimate's {estimate.peak_phase} phase (") and "against" not in schedule
-    assert peak_cause(estimate, int(1.2 * total), None, 0.10).startswith(f"the estimate's {estimate.peak_phase} phase (")
+    mlx_like = peak_cause(estimate, int(1.2 * total), None, 0.10)  # no plan: the estimate's peak phase
+    assert mlx_like.startswith(f"the estimate's {estimate.peak_phase} phase (")
     missed = table.assign(within=table.within.where(table.component != "peak", False),
                           cause=table.cause.where(table.component != "peak", "the term"))
     hover = [t["customdata"] for t in fig_memory_validation(missed).data if t.customdata is not None]

@@ -108,8 +108,9 @@ def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolera
     """Which term of the estimate a missed peak points at. With XLA's plan of the step (JAX): the plan against
     the estimate (the estimate's phases against XLA's schedule, which frees and reuses buffers the phases keep,
     or keeps some at once that the phases part), and the measured peak against the plan (above it: buffers the
-    rank held outside the compiled program, gloo's for the collectives; below it: the mark did not rise by all of
-    the plan's buffers). Without a plan (MLX): the estimate's peak phase."""
+    rank held outside the compiled program, gloo's: XLA's CPU reduce-scatter copies its whole input into a buffer
+    of its own; below it: the mark did not rise by all of the plan's buffers). Without a plan (MLX): the
+    estimate's peak phase."""
     total = estimate.total_bytes
     phase = estimate.peak_phase
     rows = ", ".join(c.name.replace("_", " ") for c in estimate.components
@@ -121,7 +122,8 @@ def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolera
         causes.append(f"XLA's plan of the step is {plan / total:.2f} of the estimate: its schedule "
                       f"{'holds less' if plan < total else 'holds more'} than the estimate's {phase} phase ({rows})")
     if abs(measured / plan - 1) > tolerance:
-        outside = "buffers outside the compiled step: gloo's for the collectives" if measured > plan else \
+        outside = ("buffers outside the compiled step: gloo's, such as the copy of its whole input XLA's CPU "
+                   "reduce-scatter makes") if measured > plan else \
             "the mark did not rise by all of the plan's buffers: some sat in memory the process already held"
         causes.append(f"the rank held {measured / plan - 1:+.0%} against XLA's plan ({outside})")
     return "; ".join(causes) or f"the estimate and XLA's plan each within {tolerance:.0%}, their errors added"
