@@ -319,3 +319,34 @@ def test_a_jax_peak_without_a_truth_is_shown_not_held_and_a_missed_peak_names_it
                           cause=table.cause.where(table.component != "peak", "the term"))
     hover = [t["customdata"] for t in fig_memory_validation(missed).data if t.customdata is not None]
     assert any("<br>the term" in c for cs in hover for c in cs)
+
+
+def test_a_groups_worst_row_is_a_held_one_and_only_a_missed_peak_has_a_cause():
+    """A store that mixes a JAX run whose peak is XLA's plan (shown only) with one that read its truth: the group's
+    worst row is the held one, so a plan 30% off is not called a miss; and a missed parameters row gets no cause
+    (the cause names a term of the peak)."""
+    import copy
+
+    from workbench.runs.tables import load_runs
+    from workbench.studies.design_review import reference_runs_dir
+    from workbench.studies.memory import memory_validation, memory_validation_summary
+
+    table = validation_table(peak_ratio=1.3)  # jax fsdp-full's peak: shown only, its rank 1 at 1.3
+    held = table[(table.run == "jax fsdp-full") & (table.component == "peak")].assign(
+        rank=2, ratio=1.02, tolerance=0.10, within=True, source="VmHWM")
+    mixed = pd.concat([table, held], ignore_index=True)
+    summary = memory_validation_summary(mixed.assign(cause=""))
+    row = summary[(summary.framework == "jax") & (summary.component == "peak")].iloc[0]
+    assert (round(row.worst_error, 6), row.tolerance, row.within) == (0.02, 0.10, True)
+    fig = fig_memory_validation(mixed)
+    peak_bars = [t for t in fig.data if t.type == "bar" and t.xaxis == fig.data[-1].xaxis]
+    assert dict(zip(peak_bars[0].x, peak_bars[0].text))["jax fsdp-full"] == "1.020"  # not the plan's 1.300
+    loaded = load_runs(reference_runs_dir("memory"))
+    i = loaded.runs.index[loaded.runs["spec.strategy"] == "fsdp-row"][0]
+    ranks = copy.deepcopy(loaded.runs.at[i, "summary.ranks"])
+    ranks[0]["measured_memory"]["parameters"] *= 2
+    loaded.runs.at[i, "summary.ranks"] = ranks
+    validation = memory_validation(loaded)
+    doubled = validation[(validation.run_id == loaded.runs.at[i, "run_id"]) & (validation.component == "parameters")
+                         & (validation["rank"] == 0)].iloc[0]
+    assert doubled.within is False and doubled.cause == ""

@@ -101,8 +101,9 @@ def jax_measured_memory(params, state, compiled_memory: dict | None, truth: int 
     outputs + temporaries - aliased); and ``truth_peak``, the process's measured peak over one more step after
     the run's (its arguments + how far it raised ``VmHWM``; :data:`TRUTH_SOURCE`), where the kernel resets the
     mark. On the validation LM at 2 ranks, 3 steps, truth read 0.95 of the plan under ddp and 1.00-1.02 under
-    fsdp-row and fsdp-flat, on both ranks, and fsdp-full 1.01 on rank 0 and 1.35 on rank 1 (gloo's gathers are
-    outside the plan); the first step, whose one-off buffers the plan leaves out, measured 16-55% above it."""
+    fsdp-row and fsdp-flat, on both ranks, and fsdp-full 1.01 on rank 0 and 1.35 on rank 1 (gloo's buffers are
+    outside the plan: XLA's CPU reduce-scatter copies its whole input); the first step, whose one-off buffers the
+    plan leaves out, measured 16-55% above it."""
     measured = {"parameters": jax_device_bytes(params), "optimizer_state": jax_device_bytes(state)}
     if compiled_memory is not None:  # XLA's buffer plan of the step on this device
         planned = sum(compiled_memory.get(f"{k}_size_in_bytes", 0) for k in ("argument", "output", "temp"))

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.runs.estimate import estimate_run_memory, spec_from_row
 from workbench.strategies import get_strategy
+from workbench.views.tables import worst_rows
 
 if TYPE_CHECKING:
     import pandas as pd
 
 #: Largest relative error allowed for parameters and optimizer state.
 COMPONENT_TOLERANCE = 0.05
-#: Largest relative error allowed for MLX's peak.
+#: Largest relative error allowed for a peak (MLX's allocator mark; a JAX rank's truth).
 PEAK_TOLERANCE = 0.10
 
 
@@ -53,7 +54,7 @@ def memory_validation(loaded) -> "pd.DataFrame":
         (``parameters``, ``optimizer_state``, ``peak``), ``predicted_bytes``, ``measured_bytes``,
         ``ratio`` (measured / predicted), ``tolerance`` (None where no target applies: a user model's
         peak, a JAX peak that is XLA's plan), ``within`` (bool or None), ``source`` (how it was measured),
-        ``plan_bytes`` (XLA's plan of the step; None for MLX) and ``cause`` (a missed target's term,
+        ``plan_bytes`` (XLA's plan of the step; NaN for MLX and for parameters and state) and ``cause`` (a missed target's term,
         :func:`peak_cause`; "" otherwise). Runs recorded before measurements were stored contribute no rows.
     """
     import pandas as pd
@@ -87,7 +88,8 @@ def memory_validation(loaded) -> "pd.DataFrame":
                     "framework": spec["framework"], "strategy": spec["strategy"], "rank": rank.get("rank"),
                     "component": component, "predicted_bytes": int(want), "measured_bytes": int(got), "ratio": ratio,
                     "tolerance": tolerance, "within": within, "source": source, "plan_bytes": plan,
-                    "cause": peak_cause(estimate, got, plan, tolerance) if within is False else "",
+                    "cause": peak_cause(estimate, got, plan, tolerance) if within is False and component == "peak"
+                    else "",
                 })
     columns = ["run", "run_id", "framework", "strategy", "rank", "component", "predicted_bytes", "measured_bytes",
                "ratio", "tolerance", "within", "source", "plan_bytes", "cause"]
@@ -130,17 +132,16 @@ def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolera
 
 
 def memory_validation_summary(table: "pd.DataFrame") -> "pd.DataFrame":
-    """Per strategy and component: the worst |ratio - 1| over ranks and runs, whether all are within target, and
-    the worst row's ``cause`` (:func:`peak_cause`; "" where it is within or has no target)."""
+    """Per strategy and component, its worst row (:func:`~workbench.views.tables.worst_rows`): the worst |ratio - 1|, its tolerance,
+    whether it is within, and its ``cause`` (:func:`peak_cause`; "" where it is within or has no target)."""
     import pandas as pd
 
     columns = ["framework", "strategy", "component", "worst_error", "tolerance", "within", "cause"]
     if table.empty:
         return pd.DataFrame(columns=columns)
-    t = table.assign(error=(table.ratio - 1).abs()).sort_values("error", ascending=False, kind="stable")
-    if "cause" not in t:
-        t = t.assign(cause="")
-    g = t.groupby(["framework", "strategy", "component"], sort=True)
-    out = g.agg(worst_error=("error", "max"), tolerance=("tolerance", "first"), cause=("cause", "first")).reset_index()
+    worst = worst_rows(table, ["framework", "strategy", "component"])
+    out = worst.rename(columns={"error": "worst_error"}).sort_values(["framework", "strategy", "component"])
+    if "cause" not in out:
+        out = out.assign(cause="")
     out["within"] = [None if pd.isna(tol) else bool(err <= tol) for err, tol in zip(out.worst_error, out.tolerance)]
-    return out[columns]
+    return out[columns].reset_index(drop=True)

@@ -3,7 +3,8 @@
 :func:`profile_your_model` measures each framework's profile of the model once
 (:func:`workbench.launch.profile.profile_model`, cached beside the runs) and :func:`profile_table` shows it with what
 it cost; :func:`peak_table` holds each run's measured peak against the prediction made from that profile
-(:func:`workbench.runs.profile_estimate.estimate_with_profile`), and names why a run is shown and not held.
+(:func:`workbench.runs.profile_estimate.estimate_with_profile`), and names a missed peak's term or why a run is shown
+and not held.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from workbench.studies.your_model import YourModel
 
 #: Why a JAX run's peak is shown, not held: recorded before its ranks read their truth, it is XLA's plan.
-JAX_PEAK_CAUSE = "stored peak is XLA's buffer plan, not a measurement"
+JAX_PEAK_CAUSE = "stored peak is XLA's buffer plan, not a measurement (recorded before ranks read VmHWM)"
 
 
 def profile_your_model(model: YourModel, runs_root: Any, **kwargs: Any) -> dict[str, "ModelProfile"]:
@@ -68,6 +69,7 @@ def peak_table(loaded: LoadResult, profiles: Mapping[str, "ModelProfile"]) -> "p
         spec = spec_from_row(run)
         measured = [measured_peak(r.get("measured_memory") or {}) for r in run.get("summary.ranks") or []]
         peaks = [m for m in measured if m[0] is not None]
+        peaks = [m for m in peaks if not m[1].startswith("XLA")] or peaks  # ranks that read the truth, where any did
         profile = profiles.get(spec["framework"])
         if not peaks or profile is None:
             continue

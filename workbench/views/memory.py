@@ -28,6 +28,7 @@ from workbench.estimate.cases import (  # noqa: F401  (the tables: notebooks imp
 from workbench.estimate.grid import estimate_breakdowns  # noqa: F401  (notebooks import it from here too)
 from workbench.estimate.memory import compare_strategies
 from workbench.views.style import figure, subplot_grid
+from workbench.views.tables import worst_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -213,8 +214,7 @@ def fig_qwen_gap(gap: StrategyGap, *, unit: str = "GB", height: int = 460) -> go
 
 
 def _worst_rows(table: "pd.DataFrame") -> "pd.DataFrame":
-    worst = table.assign(error=(table.ratio - 1).abs()).sort_values("error", ascending=False)
-    return worst.drop_duplicates(["run", "component"]).sort_values(["framework", "strategy"])
+    return worst_rows(table, ["run", "component"]).sort_values(["framework", "strategy"])
 
 
 def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: int = 420) -> go.Figure:
@@ -243,7 +243,7 @@ def fig_memory_validation(table: "pd.DataFrame", *, unit: str = "MiB", height: i
         traces.append(dict(type="bar", x=r.run.tolist(), y=(r.measured_bytes / scale).tolist(), name="measured",
                            showlegend=k == 0, legendgroup="m", xaxis=xr, yaxis=yr, marker=dict(color=color),
                            text=[f"{v:.3f}" for v in r.ratio], textposition="inside", insidetextanchor="start",
-                           customdata=[f"{src}<br>{cause}" if cause else src
+                           customdata=[f"{src}<br>{cause}" if isinstance(cause, str) and cause else src
                                        for src, cause in zip(r["source"], r.get("cause", [""] * len(r)))],
                            hovertemplate=f"%{{x}}<br>measured %{{y:.3f}} {unit}<br>ratio %{{text}}<br>%{{customdata}}"
                                          "<extra></extra>"))

@@ -121,3 +121,12 @@ def layout_metrics_html(plans: Mapping[str, ShardPlan]) -> str:
             f"<br><small>collectives: {COLLECTIVE_ABBREVIATIONS}</small></div>"
             f"<table style='border-collapse:collapse;font-size:12px'><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table></div>")
+
+
+def worst_rows(table: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
+    """One row per ``by`` group with its ``error`` (|ratio - 1|): the worst of the rows held to a target, or of all
+    where none is (a store can mix runs whose JAX peak is XLA's plan, shown only, with runs that read the truth:
+    the plan's error is not the group's miss)."""
+    t = table.assign(error=(table.ratio - 1).abs(), held=table.tolerance.notna())
+    t = t.sort_values(["held", "error"], ascending=False, kind="stable")
+    return t.drop_duplicates(by).drop(columns="held")

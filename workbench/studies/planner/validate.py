@@ -19,6 +19,7 @@ from workbench.runs.store import RunStore, run_id_for
 from workbench.runs.tables import read_steps
 from workbench.strategies import get_strategy
 from workbench.studies.planner.advise import PlanAdvice
+from workbench.studies.memory import measured_peak
 from workbench.studies.planner.candidates import Candidate
 from workbench.studies.runs import WARMUP_STEPS
 
@@ -87,8 +88,9 @@ def measured(root: Path, run_id: str) -> tuple[float | None, float | None, int |
         kept = [v for s, v in by_step.items() if s >= WARMUP_STEPS] or list(by_step.values())
         return statistics.median(kept) if kept else None
 
-    peaks = [(r["measured_memory"]["peak"], r["measured_memory"].get("peak_source", "live arrays"))
-             for r in (record.get("summary") or {}).get("ranks") or [] if (r.get("measured_memory") or {}).get("peak")]
+    # a JAX rank's truth (VmHWM) where it read one, else what it stored (studies.memory.measured_peak)
+    peaks = [measured_peak(r["measured_memory"])[:2] for r in (record.get("summary") or {}).get("ranks") or []
+             if (r.get("measured_memory") or {}).get("peak")]
     peak, source = max(peaks) if peaks else (None, None)
     return median("step_time_s"), median("sync_time_s"), peak, source
 
