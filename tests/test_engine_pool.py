@@ -65,7 +65,7 @@ def test_a_sweep_reuses_its_engines_and_each_run_stores_what_fresh_engines_store
         _, larger_peaks = stored(tmp_path / "pooled", first.run_id)
         assert min(larger_peaks) > 3 * max(fresh_peaks), (second.framework, larger_peaks, fresh_peaks)
         # a JAX run's peak is its highest rank's (on a 3.4 MB LM its ranks read 3.2-3.7 MB, so LARGEST's here; ddp,
-        # as fsdp-full's rank 1 holds gloo's gathers beside XLA's buffers, 51-68 MB on LARGEST, fresh or kept)
+        # as fsdp-full's rank 1 holds gloo's buffers beside XLA's, 51-68 MB on LARGEST, fresh or kept)
         if second.framework == "jax":
             pooled_peaks, fresh_peaks = [max(pooled_peaks)], [max(fresh_peaks)]
         assert all(abs(a - b) <= 0.10 * b for a, b in zip(pooled_peaks, fresh_peaks)), (pooled_peaks, fresh_peaks)

@@ -12,7 +12,7 @@ how far one more step after its own raises the process's high-water mark of resi
 buffer in pages of its own (:func:`~workbench.ranks.profile_probe.step_rss_above`); on engines an earlier run used
 it reads as on fresh ones. Read over the last timed step (before that measure), notebook 06's 9 JAX runs
 (validation LM, 2 ranks, 2 steps) read 0.99-1.02 of XLA's plan under ddp
-and fsdp-row on both, and fsdp-full 0.97-1.30 pooled, 1.03-1.31 fresh (gloo's gathers sit outside the plan), while
+and fsdp-row on both, and fsdp-full 0.97-1.30 pooled, 1.03-1.31 fresh (gloo's buffers sit outside the plan), while
 the sweep took 31.5 s pooled against 71.9 s fresh. One rank alone can read low on either: ZeRO-3's rank 0 read
 0.60 of the plan once on reused engines, and 0.74-0.77 in suite runs on fresh ones; a run's peak is its highest
 rank's, and test_validation holds that.

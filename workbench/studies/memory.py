@@ -54,8 +54,9 @@ def memory_validation(loaded) -> "pd.DataFrame":
         (``parameters``, ``optimizer_state``, ``peak``), ``predicted_bytes``, ``measured_bytes``,
         ``ratio`` (measured / predicted), ``tolerance`` (None where no target applies: a user model's
         peak, a JAX peak that is XLA's plan), ``within`` (bool or None), ``source`` (how it was measured),
-        ``plan_bytes`` (XLA's plan of the step; NaN for MLX and for parameters and state) and ``cause`` (a missed target's term,
-        :func:`peak_cause`; "" otherwise). Runs recorded before measurements were stored contribute no rows.
+        ``plan_bytes`` (XLA's plan of the step; NaN for MLX and for parameters and state) and ``cause``
+        (a missed target's term, :func:`peak_cause`; "" otherwise). Runs recorded before measurements were
+        stored contribute no rows.
     """
     import pandas as pd
 
@@ -79,7 +80,7 @@ def memory_validation(loaded) -> "pd.DataFrame":
                     continue
                 # A user model's activations are modelled by its logits only (runs.estimate): its peak is shown,
                 # not held; so is a JAX peak that is XLA's plan (a run recorded before its ranks read the truth).
-                held = spec.get("model_factory") is None and not source.startswith("XLA")
+                held = spec.get("model_factory") is None and not is_plan(source)
                 tolerance = (PEAK_TOLERANCE if held else None) if component == "peak" else COMPONENT_TOLERANCE
                 ratio = got / want if want else float("nan")
                 within = None if tolerance is None else bool(abs(ratio - 1) <= tolerance)
@@ -100,10 +101,16 @@ def measured_peak(measured: dict) -> tuple[int | None, str, int | None]:
     """A rank's measured peak, how it was read, and XLA's plan of its step (JAX; None for MLX): the truth where
     the rank read it, else what it stored as ``peak`` (MLX's allocator mark, or, for a JAX run recorded before
     ranks read the truth, the plan itself)."""
-    plan = measured.get("peak") if measured.get("peak_source", "").startswith("XLA") else None
+    plan = measured.get("peak") if is_plan(measured.get("peak_source", "")) else None
     if measured.get("truth_peak") is not None:
         return measured["truth_peak"], measured.get("truth_source", "VmHWM"), plan
     return measured.get("peak"), measured.get("peak_source", "live arrays"), plan
+
+
+def is_plan(source: str) -> bool:
+    """Whether a peak read as ``source`` is XLA's buffer plan of the step (a JAX rank's ``peak_source``), an
+    estimate shown beside the measurement rather than a measurement."""
+    return source.startswith("XLA")
 
 
 def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolerance: float) -> str:
@@ -132,8 +139,9 @@ def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolera
 
 
 def memory_validation_summary(table: "pd.DataFrame") -> "pd.DataFrame":
-    """Per strategy and component, its worst row (:func:`~workbench.views.tables.worst_rows`): the worst |ratio - 1|, its tolerance,
-    whether it is within, and its ``cause`` (:func:`peak_cause`; "" where it is within or has no target)."""
+    """Per strategy and component, its worst row (:func:`~workbench.views.tables.worst_rows`): the worst
+    |ratio - 1|, its tolerance, whether it is within, and its ``cause`` (:func:`peak_cause`; "" where it is
+    within or has no target)."""
     import pandas as pd
 
     columns = ["framework", "strategy", "component", "worst_error", "tolerance", "within", "cause"]

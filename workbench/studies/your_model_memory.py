@@ -15,7 +15,7 @@ from workbench.core.units import byte_unit, format_bytes, format_seconds
 from workbench.runs.estimate import spec_from_row
 from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.tables import LoadResult
-from workbench.studies.memory import PEAK_TOLERANCE, measured_peak, peak_cause, predicted_components
+from workbench.studies.memory import PEAK_TOLERANCE, is_plan, measured_peak, peak_cause, predicted_components
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,7 +69,7 @@ def peak_table(loaded: LoadResult, profiles: Mapping[str, "ModelProfile"]) -> "p
         spec = spec_from_row(run)
         measured = [measured_peak(r.get("measured_memory") or {}) for r in run.get("summary.ranks") or []]
         peaks = [m for m in measured if m[0] is not None]
-        peaks = [m for m in peaks if not m[1].startswith("XLA")] or peaks  # ranks that read the truth, where any did
+        peaks = [m for m in peaks if not is_plan(m[1])] or peaks  # the ranks that read the truth, where any did
         profile = profiles.get(spec["framework"])
         if not peaks or profile is None:
             continue
@@ -77,7 +77,7 @@ def peak_table(loaded: LoadResult, profiles: Mapping[str, "ModelProfile"]) -> "p
         predicted = predicted_components(estimate)["peak"]
         peak, source, plan = max(peaks, key=lambda m: m[0])
         ratio = peak / predicted
-        shown = source.startswith("XLA")  # a run recorded before its JAX ranks read the truth: the plan
+        shown = is_plan(source)  # a run recorded before its JAX ranks read the truth
         within = None if shown else bool(abs(ratio - 1) <= PEAK_TOLERANCE)
         rows.append({"run": f"{spec['framework']} {spec['strategy']}", "framework": spec["framework"],
                      "predicted_bytes": int(predicted), "measured_bytes": int(peak), "ratio": ratio, "within": within,
