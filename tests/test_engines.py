@@ -155,3 +155,51 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
     for p in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))  # free now
+
+
+def identity_or_silence(mark: str | None = None):
+    """An engine's first task in place of ``rank_identity``: rank 1 never answers (the first time only, where
+    ``mark`` names a file it leaves behind)."""
+    import os
+
+    from workbench.launch.engines import rank_identity
+
+    if os.environ["WORKBENCH_RANK"] == "1" and not (mark and os.path.exists(mark)):
+        if mark:
+            open(mark, "w").close()
+        time.sleep(600)
+    return rank_identity()
+
+
+def engine_processes() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if "ipyparallel.engine" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_an_engine_that_registers_but_never_answers_fails_the_start_and_is_killed(monkeypatch):
+    """CI once lost a pool's JAX start to one engine that registered and never answered ("Result not ready")."""
+    import workbench.launch.engines as engines
+
+    monkeypatch.setattr(engines, "rank_identity", identity_or_silence)
+    monkeypatch.setattr(engines, "ANSWER_S", 1.0)
+    with pytest.raises(EngineFailure, match=r"registered but did not answer within \d+ s \(rank 1 wrote") as failed:
+        start_engines(plan_launch(2, framework="mlx"), timeout_s=1)
+    assert failed.value.unanswered and "rank 0 wrote" not in str(failed.value)
+    assert wait_dead(engine_processes()) == []  # the silent engine too, though it never said its pid
+
+
+def test_a_start_whose_engine_never_answers_is_launched_again(monkeypatch, tmp_path):
+    import workbench.launch.engines as engines
+    import workbench.launch.relaunch as relaunch
+
+    mark = str(tmp_path / "silent-once")
+    monkeypatch.setattr(engines, "rank_identity", lambda: identity_or_silence(mark))
+    monkeypatch.setattr(engines, "ANSWER_S", 1.0)
+    plans = []
+    monkeypatch.setattr(relaunch, "plan_launch", lambda n, **kw: plans.append(plan_launch(n, **kw)) or plans[-1])
+    ranks = relaunch.run_on_fresh_ports(2, "mlx", lambda run: run.apply(env_of_rank, [("WORKBENCH_RANK",)] * 2,
+                                                                        timeout_s=30))
+    assert ranks == ["0", "1"] and len(plans) == 2 and os.path.exists(mark)
+    assert wait_dead(engine_processes()) == []

@@ -180,7 +180,7 @@ def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch
     the MLX ring's); the run must relaunch on fresh ports and finish."""
     import socket
 
-    import workbench.launch.engines as engines
+    import workbench.launch.relaunch as relaunch
     from workbench.launch.plan import free_ports, plan_launch
 
     plans = []
@@ -195,7 +195,7 @@ def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        monkeypatch.setattr(engines, "plan_launch", first_on_a_taken_port)
+        monkeypatch.setattr(relaunch, "plan_launch", first_on_a_taken_port)
         outcome = run_training(spec(framework=framework, strategy="ddp", steps=2), tmp_path)
     assert outcome.status == "done", outcome.error
     assert len(plans) == 2 and plans[0].ports[0] == port != plans[1].ports[0]
@@ -204,7 +204,7 @@ def test_a_taken_rendezvous_port_is_retried_on_fresh_ports(tmp_path, monkeypatch
 
 
 def test_a_port_clash_is_told_apart_from_other_failures():
-    from workbench.launch.engines import is_port_clash
+    from workbench.launch.relaunch import is_port_clash
 
     assert is_port_clash("rank 0 failed (JaxRuntimeError): [0:apply] JaxRuntimeError: UNKNOWN: Failed to start RPC server")
     assert is_port_clash("E1123 add_port.cc:83] Failed to add port to server: No address added out of total 1")

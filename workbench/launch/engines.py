@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.launch.cluster_files import CLUSTER_PREFIX, cluster_profile_dir, remove_stale_cluster_files
-from workbench.launch.plan import LaunchPlan, plan_launch
+from workbench.launch.plan import LaunchPlan
 from workbench.launch.reaper import Reaper, start_reaper
 
 #: The controller's heartbeat: it completes a registration only on a beat after the engine connects (2 engines
@@ -34,6 +34,8 @@ FAST_HEARTBEAT = ("--HeartMonitor.period=100", "--HeartMonitor.max_heartmonitor_
 #: Longest wait, in seconds, for a dead engine's process to end before its error is written (it has
 #: normally ended already: ipyparallel's nanny reports the death after the exit).
 DEATH_WAIT_S = 10.0
+#: Time, in seconds, registered engines are given to answer their first task at a start (they answer in ~0.1 s).
+ANSWER_S = 20.0
 
 
 class EngineFailure(RuntimeError):
@@ -148,13 +150,17 @@ class EngineRun:
             return
         cluster, self.cluster = self.cluster, None
         # Engines first, outright: one may be wedged in a collective (MLX #4475) or a long task, and ipyparallel's
-        # graceful stop waits for the task. Engines hold nothing to save: runs store their steps as they go.
-        for pid in self.pids.values():
+        # graceful stop waits for the task. Engines hold nothing to save: runs store their steps as they go. Those
+        # started here are killed too where they never said their pid (a start that failed).
+        from workbench.launch.outstream import is_local_engine, keep_output_decodable
+
+        started = [sub.pid for subs in self.engine_launchers.values() for sub in subs
+                   if is_local_engine(sub) and isinstance(getattr(sub, "pid", None), int) and sub.pid > 0]
+        for pid in {*self.pids.values(), *started}:
             try:
                 os.kill(pid, 9)
             except (ProcessLookupError, PermissionError):
                 pass
-        from workbench.launch.outstream import keep_output_decodable
 
         for launchers in self.engine_launchers.values():
             for sub in launchers:
@@ -256,60 +262,38 @@ def start_engines(plan: LaunchPlan, *, timeout_s: float = 60.0, engine_launcher_
         # interactive=False: in a notebook ipyparallel would otherwise draw its own unlabelled "2/2 engines"
         # progress bar under each run (issue 18); the run's own progress says what is happening.
         run.client.wait_for_engines(plan.num_ranks, timeout=timeout_s, interactive=False)
-        deadline = t0 + timeout_s
+        # bounded: an engine that registers but never answers (within ANSWER_S of the last registration) fails the
+        # start, and its launch is tried again (relaunch)
+        deadline = time.monotonic() + ANSWER_S
         asks = {eid: run.client[eid].apply_async(rank_identity) for eid in run.client.ids}
-        for eid, ask in asks.items():  # bounded: an engine that registers but never answers fails the start
-            rank, host, pid = ask.get(timeout=max(1.0, deadline - time.monotonic()))
+        for eid, ask in asks.items():
+            try:
+                rank, host, pid = ask.get(timeout=max(1.0, deadline - time.monotonic()))
+            except TimeoutError:
+                continue
             run.rank_engine[rank] = eid
             if host == socket.gethostname():  # only engines on this machine can be killed from here
                 run.pids[rank] = pid
+        if len(run.rank_engine) < plan.num_ranks:
+            raise _unanswered(run, sorted(set(asks) - set(run.rank_engine.values())), time.monotonic() - t0)
     except BaseException as err:
         run.stop()
-        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+        if isinstance(err, (KeyboardInterrupt, SystemExit, EngineFailure)):
             raise
         raise EngineFailure(f"engines did not start: {err}", None) from err
     run.started_s = time.monotonic() - t0
     return run
 
 
-#: Launches tried when a rank cannot bind its rendezvous port (taken between the pick and the bind).
-PORT_ATTEMPTS = 3
-_PORT_CLASH = ("Failed to start RPC server", "Failed to add port to server",  # JAX coordinator (gRPC)
-               "Couldn't bind socket (error: 98)",  # MLX ring: EADDRINUSE
-               "Address already in use", "EADDRINUSE")
-
-
-def is_port_clash(message: str) -> bool:
-    """Whether an engine failure is a rendezvous port taken by another process (JAX's coordinator,
-    the MLX ring, NCCL), the one failure a relaunch on fresh ports cures."""
-    return any(m in message for m in _PORT_CLASH)
-
-
-def relaunch_on_port_clash(launch_and_run: Callable[[], Any], *, attempts: int = PORT_ATTEMPTS,
-                           may_retry: Callable[[], bool] = lambda: True) -> Any:
-    """``launch_and_run()``, again while it fails on a port picked free but taken before a rank bound it
-    (``is_port_clash``), up to ``attempts`` launches, while ``may_retry()`` holds (a run with stored steps must not
-    start again): the relaunch rule of local engines, a pool's and a hosts file's.
-
-    Raises: EngineFailure: any other failure, or the last launch's."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return launch_and_run()
-        except EngineFailure as err:
-            if attempt == attempts or not is_port_clash(str(err)) or not may_retry():
-                raise
-
-
-def run_on_fresh_ports(num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
-                       attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
-    """Plan a launch (:func:`~workbench.launch.plan.plan_launch`), start its engines, return ``body(engines)``;
-    the engines are stopped after it, and a launch whose port was taken is tried again (:func:`relaunch_on_port_clash`)."""
-
-    def launch_and_run() -> Any:
-        with start_engines(plan_launch(num_ranks, framework=framework)) as engines:
-            return body(engines)
-
-    return relaunch_on_port_clash(launch_and_run, attempts=attempts, may_retry=may_retry)
+def _unanswered(run: EngineRun, engine_ids: list[int], waited_s: float) -> EngineFailure:
+    """The start failure of engines that registered but did not answer: which, and what each silent rank wrote
+    (a launch failed so is tried again: :func:`~workbench.launch.relaunch.is_relaunchable`)."""
+    silent = [r for r in range(run.plan.num_ranks) if r not in run.rank_engine]
+    said = "; ".join(f"rank {r} wrote: {run.output_tail(r).strip()[-300:] or '(nothing)'}" for r in silent)
+    err = EngineFailure(f"engines did not start: engines {engine_ids} registered but did not answer within "
+                        f"{waited_s:.0f} s ({said})", None)
+    err.unanswered = True
+    return err
 
 
 def rank_identity() -> tuple[int, str, int]:

@@ -34,8 +34,8 @@ from typing import Any, Callable
 
 import psutil
 
-from workbench.launch.engines import (PORT_ATTEMPTS, EngineRun, relaunch_on_port_clash, run_on_fresh_ports,
-                                       start_engines)
+from workbench.launch.engines import EngineRun, start_engines
+from workbench.launch.relaunch import PORT_ATTEMPTS, relaunch, run_on_fresh_ports
 from workbench.launch.plan import plan_launch
 
 
@@ -46,7 +46,7 @@ KEPT_FRAMEWORKS = ("mlx", "jax")
 class EnginePool:
     """One set of local engines, kept between runs (a context manager: every engine it holds is stopped on exit).
 
-    ``pool.run`` has the signature of :func:`~workbench.launch.engines.run_on_fresh_ports`, the runner of a local
+    ``pool.run`` has the signature of :func:`~workbench.launch.relaunch.run_on_fresh_ports`, the runner of a local
     :class:`~workbench.launch.remote.Placement`, so the driver takes either. ``starts`` counts the engine sets it
     started, ``reuses`` the runs that found their engines waiting.
     """
@@ -70,7 +70,7 @@ class EnginePool:
     def run(self, num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
             attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
         """``body(engines)`` on the held engines of ``num_ranks`` ``framework`` ranks, else on fresh ones (a port
-        taken between the pick and the bind is relaunched, as :func:`run_on_fresh_ports` does); the engines are
+        that failed at its start is relaunched, as :func:`run_on_fresh_ports` does); the engines are
         kept for the next run if ``body`` returns, stopped if it raises. The driver never hands it a run of a user's
         model factory (what a factory does to its process would stay there).
 
@@ -95,7 +95,7 @@ class EnginePool:
             self.starts += 1
             return self._keep(key, engines, body)
 
-        return relaunch_on_port_clash(launch_and_run, attempts=attempts, may_retry=may_retry)
+        return relaunch(launch_and_run, attempts=attempts, may_retry=may_retry)
 
     def _keep(self, key: tuple, engines: EngineRun, body: Callable[[EngineRun], Any]) -> Any:
         try:

@@ -32,11 +32,10 @@ from workbench.launch.engines import (
     EngineFailure,
     EngineRun,
     rank_identity,
-    relaunch_on_port_clash,
-    run_on_fresh_ports,
 )
 from workbench.launch.host_values import check_controller_ip, check_ssh_config_file
 from workbench.launch.hosts import HostsFile, MultiHostPlan, as_hosts, plan_hosts_launch
+from workbench.launch.relaunch import PORT_ATTEMPTS, relaunch, run_on_fresh_ports
 from workbench.launch.remote_cmd import (  # noqa: F401  (slurm_template: imported from here before it moved)
     check_reachable,
     check_slurm_nodes,
@@ -215,14 +214,10 @@ def _short(err: BaseException) -> str:
     return text
 
 
-#: Launches tried when a rank cannot bind its rendezvous port (ports on other hosts are drawn, not probed).
-PORT_ATTEMPTS = 3
-
-
 def run_on_hosts(hosts, num_ranks: int, framework: str, body: Callable[[RemoteEngineRun], Any], *,
                  launcher: str = "ssh", slots: int | None = None, attempts: int = PORT_ATTEMPTS,
                  may_retry: Callable[[], bool] = lambda: True, **start_kwargs: Any) -> Any:
-    """:func:`~workbench.launch.engines.run_on_fresh_ports` across ``hosts`` (a hosts file, its path, or
+    """:func:`~workbench.launch.relaunch.run_on_fresh_ports` across ``hosts`` (a hosts file, its path, or
     :class:`~workbench.launch.hosts.Host` s): plan, start through ``launcher``, return ``body(engines)``."""
     hf = as_hosts(hosts, slots=slots)
     start_kwargs.setdefault("ssh_config", hf.ssh_config)
@@ -233,7 +228,7 @@ def run_on_hosts(hosts, num_ranks: int, framework: str, body: Callable[[RemoteEn
                                   **start_kwargs) as engines:
             return body(engines)
 
-    return relaunch_on_port_clash(launch_and_run, attempts=attempts, may_retry=may_retry)
+    return relaunch(launch_and_run, attempts=attempts, may_retry=may_retry)
 
 
 @dataclass(frozen=True)
@@ -273,7 +268,7 @@ class Placement:
 
     def runner(self, **start_kwargs: Any) -> Callable[..., Any]:
         """``run(num_ranks, framework, body, *, may_retry)``: on local engines
-        (:func:`~workbench.launch.engines.run_on_fresh_ports`), or across the hosts (:func:`run_on_hosts`)."""
+        (:func:`~workbench.launch.relaunch.run_on_fresh_ports`), or across the hosts (:func:`run_on_hosts`)."""
         if self.hosts is None:
             return run_on_fresh_ports
 
