@@ -278,3 +278,10 @@ def test_two_engines_train_fsdp_with_per_micro_batch_sync_like_one_large_batch(t
     print("losses G=1:", curves[1], "G=2 per-micro:", curves[2])
     np.testing.assert_allclose(curves[2], curves[1], rtol=0, atol=1e-5)
     assert curves[2][-1] < curves[2][0]
+    from workbench.studies.accumulation import accumulation_table
+
+    table = accumulation_table(loaded)  # the JAX peak is the rank's truth, XLA's plan beside it, and it is held
+    assert list(table.G) == [1, 2] and (table.peak_source == "VmHWM").all() and (table.plan_mib > 0).all()
+    assert list(table.peak_within) == [abs(r - 1) <= 0.10 for r in table.peak_ratio], table.peak_ratio
+    assert all((c == "") == w and (w or "XLA's plan" in c or "estimate and XLA's plan" in c)
+               for c, w in zip(table.peak_cause, table.peak_within)), list(table.peak_cause)

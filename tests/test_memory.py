@@ -323,7 +323,8 @@ def test_accumulator_is_in_the_gradient_dtype():
     est = estimate_memory(10**6, "fsdp", 8, param_dtype="bfloat16", grad_dtype="float32", num_microbatches=2,
                           defer_sync=False)
     assert est["gradient_accumulator"] == 4 * 10**6 // 8
-    assert "4 B x 1,000,000" in est.components[-1].formula and est.components[-1].name == "gradient_accumulator"
+    accumulator = next(c for c in est.components if c.name == "gradient_accumulator")
+    assert "4 B x 1,000,000" in accumulator.formula
 
 
 def test_deferred_sync_costs_the_unsharded_accumulator_and_for_zero3_the_gathered_model():
@@ -375,3 +376,31 @@ def test_knobs_that_would_mislead_are_refused_naming_them():
     assert same.as_dict() == estimate_memory(10**9, "zero3", 8, activation_bytes=1024).as_dict()
     with pytest.raises(ValueError, match="num_shards must be an integer >= 1, got 2.5"):
         estimate_memory(10**9, "zero3", 2.5)
+
+
+def test_collective_scratch_is_counted_under_zero3_only_and_refused_by_name():
+    """XLA's CPU reduce-scatter over gloo copies its input and gloo's halving-doubling receives into half as much
+    again: 1.5 x the largest reduce-scatter's input, held in backward beside the gathered model."""
+    from workbench.runs.estimate import estimate_run_memory
+    from workbench.runs.spec import VALIDATION_MODEL
+
+    def run(framework, strategy):
+        return estimate_run_memory(dict(framework=framework, strategy=strategy, num_ranks=2, precision="float32",
+                                        optimizer="adamw", global_batch=8, communication_size=2**20,
+                                        model=VALIDATION_MODEL))
+
+    jax_full = run("jax", "fsdp-full")
+    gradient = jax_full["gradients"] * 2  # the whole model's: ZeRO-3 keeps 1/2 at rest on 2 ranks
+    assert jax_full["collective_scratch"] == round(1.5 * gradient) and jax_full.peak_phase == "backward"
+    assert jax_full.total_bytes - jax_full.phase_bytes("states") == jax_full.phase_bytes("backward")
+    assert all(run(fw, s)["collective_scratch"] == 0 for fw, s in
+               (("mlx", "fsdp-full"), ("jax", "ddp"), ("jax", "fsdp-row"), ("mlx", "ddp")))
+    spec = tiny_spec("bfloat16")
+    plan = plan_buckets(spec, 256)
+    est = estimate_memory(spec, "zero3", 4, bucket_plan=plan, collective_scratch=1.5)
+    assert plan.num_buckets > 1 and est["collective_scratch"] == round(1.5 * plan.bucket_elems.max() * 2)  # bf16
+    assert estimate_memory(spec, "zero3", 1, collective_scratch=1.5)["collective_scratch"] == 0  # no peers
+    assert estimate_memory(spec, "zero2", 4, collective_scratch=1.5)["collective_scratch"] == 0  # not in backward
+    for bad in (-1, float("nan"), "1.5", True):
+        with pytest.raises(ValueError, match="collective_scratch must be a number"):
+            estimate_memory(spec, "zero3", 4, collective_scratch=bad)

@@ -171,6 +171,10 @@ def test_the_accumulation_table_matches_the_collective_model_on_every_run(mlx_ru
     deferred = accumulated[accumulated["mode"] == "deferred"].set_index("strategy")
     every = accumulated[accumulated["mode"] == "every micro-batch"].set_index("strategy")
     assert (every.mib_sent > deferred.mib_sent).all() and (every.collectives > deferred.collectives).all()
+    # every MLX peak is the allocator's mark, held to the model: a miss names its phase's rows
+    assert (table.peak_source == "mx.get_peak_memory").all() and table.plan_mib.isna().all()
+    assert list(table.peak_within) == [abs(r - 1) <= 0.10 for r in table.peak_ratio], table.peak_ratio
+    assert all((c == "") == w and (w or "phase (" in c) for c, w in zip(table.peak_cause, table.peak_within))
 
 
 @pytest.mark.parametrize("framework", ["jax", "mlx"])

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 #: Rows by phase: ``states`` persist; ``step`` (gradient sync and update) and ``backward`` never coexist.
-#: ``gradient_accumulator`` is last, so the rows before it keep their positions in :data:`COMPONENTS`.
+#: ``gradient_accumulator`` and ``collective_scratch`` are last, so the rows before them keep their positions in
+#: :data:`COMPONENTS`.
 PHASES = {
     "states": ("parameters", "gradients", "master_weights", "optimizer_state", "fp32_gradients", "flat_padding"),
     "step": ("reduced_gradients", "updated_parameters", "updated_optimizer_state", "all_reduce_buffer",
              "reduce_scatter_buffer", "all_gather_buffer"),
-    "backward": ("gathered_unit", "activations", "gradient_accumulator"),
+    "backward": ("gathered_unit", "activations", "gradient_accumulator", "collective_scratch"),
 }
 
 

@@ -129,6 +129,13 @@ class MemoryKnobs:
             full gradient before its reduce-scatter, ``psi * (pb + gb)``; XLA's schedule issues the units'
             all-gathers together, so the step's peak is the whole model's, as a model of one unit (XLA's
             ``memory_analysis`` and the rank's VmHWM: :func:`~workbench.runs.estimate.estimate_run_memory`).
+        collective_scratch: ZeRO-3/HSDP: bytes the collective library holds outside the step's own buffers while
+            a unit's gradient is reduce-scattered in backward, per byte of the largest reduce-scatter's input (the
+            largest bucket's gradient; the ``collective_scratch`` row). 0: none (MLX, NCCL). 1.5: XLA's CPU
+            reduce-scatter over gloo (``GlooCommunicator::ReduceScatter`` copies its whole input into a buffer of
+            its own, and gloo's ``ReduceScatterHalvingDoubling`` receives into a buffer of half the input; at a
+            power-of-two N). On the validation LM at 2 ranks VmHWM rose 19.6-20.6 MiB above XLA's plan of the
+            step, for a 13.0 MiB bucket (notebook 06).
     """
 
     strategy: str = "fsdp"
@@ -152,6 +159,7 @@ class MemoryKnobs:
     expert_parallel: int | None = None
     unit_buffers: str = "parameters_and_gradients"
     sync_in_place: bool = False
+    collective_scratch: float = 0.0
 
     def __post_init__(self) -> None:
         get_strategy(self.strategy)  # an unknown name lists the registered ones
@@ -173,6 +181,10 @@ class MemoryKnobs:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
         if self.expert_parallel is not None:
             integer("expert_parallel", self.expert_parallel, low=1)
+        if isinstance(self.collective_scratch, bool) or not isinstance(self.collective_scratch, (int, float)) or \
+                not 0 <= self.collective_scratch < float("inf"):
+            raise ValueError(f"collective_scratch must be a number of bytes per input byte, 0 or more; "
+                             f"got {self.collective_scratch!r}.")
         for name in ("param_dtype", "grad_dtype", "master_dtype", "grad_accum_dtype"):
             if getattr(self, name) is not None:
                 dtype_bytes(name, getattr(self, name))

@@ -82,6 +82,7 @@ def estimate_memory(model: ModelSpec | int, strategy: str | MemoryKnobs = "fsdp"
     rows.append(_state(k, psi, psi_e, "gradient_accumulator", b.grad, k.record.family != "data_parallel" and not k.defer_sync,
                        f"gradients summed over the earlier of {g} micro-batches") if g > 1 else
                 MemoryComponent("gradient_accumulator", 0, "none: one micro-batch per step"))
+    rows.append(_scratch_row(k, b, psi - psi_e))
     return MemoryEstimate(strategy=k.strategy, num_params=psi, num_shards=k.num_shards, num_replicas=k.num_replicas,
                           components=tuple(rows))
 
@@ -247,6 +248,17 @@ def _unit_row(k: MemoryKnobs, b: _Bytes, spec: ModelSpec | None, psi_d: int) -> 
                                "gradient) + U gb (1 + 2 / N) (reduce-scatter: N rows exchanged, this rank's row, "
                                "their sum)")
     return MemoryComponent("gathered_unit", largest * (pb + gb), unit_what)
+
+
+def _scratch_row(k: MemoryKnobs, b: _Bytes, psi_d: int) -> MemoryComponent:
+    """ZeRO-3/HSDP: the collective library's scratch while the largest input is reduce-scattered in backward."""
+    what = "x the largest reduce-scatter's input: the collective library's scratch outside the step's buffers"
+    if not k.collective_scratch or not k.sharded[0] or k.num_shards == 1:
+        return MemoryComponent("collective_scratch", 0, "none: the collective library holds no scratch beside the step")
+    largest = int(k.bucket_plan.bucket_elems.max()) if k.bucket_plan is not None and k.bucket_plan.num_buckets \
+        else psi_d
+    return MemoryComponent("collective_scratch", round(k.collective_scratch * largest * b.grad),
+                           f"{k.collective_scratch:g} {what} ({largest:,} x {b.grad} B)")
 
 
 def compare_strategies(model: ModelSpec | int, num_shards: int,

@@ -124,6 +124,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
         num_microbatches=g, defer_sync=defer, reshard_after_forward=record.reshard_after_forward, units=units,
         unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         sync_in_place=impl is not None and impl.sync_per == "array",  # JAX's DDP: one psum per array, in place
+        collective_scratch=impl.collective_scratch if impl is not None else 0.0,
         activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), recompute))
 
 

@@ -67,6 +67,8 @@ class Implementation:
             a jitted JAX step without donation (new parameters and new optimizer state); ``"none"``, a step
             whose buffers are donated (JAX's resident FSDP step, issue 30); ``"parameters_and_master_shard"``,
             MLX's resident FSDP step (a new parameter tree, and each bucket's master shard kept for the run).
+        collective_scratch: Bytes its reduce-scatter's library holds beside the step, per input byte (the memory
+            model's :attr:`~workbench.estimate.knobs.MemoryKnobs.collective_scratch`; 1.5 for XLA's on CPU).
     """
 
     framework: str
@@ -76,6 +78,7 @@ class Implementation:
     unit_buffers: str = "parameters_and_gradients"
     defers_sync: bool = True
     update_copies: str = "parameters"
+    collective_scratch: float = 0.0
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_POLICIES or self.sync_per not in ("bucket", "array", "unit"):

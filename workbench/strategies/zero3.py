@@ -23,5 +23,6 @@ FSDP_FULL = register(Strategy(
                        norm="always", unit_buffers="mlx"),
         Implementation(framework="jax", builder="workbench.adapters.jax.zero3:make_zero3_step", sync_per="unit",
                        norm="max_norm", update_copies="parameters_and_state",  # not donated
-                       unit_buffers="whole_model"),  # XLA gathers every unit at once (estimate.knobs)
+                       unit_buffers="whole_model",  # XLA gathers every unit at once (estimate.knobs)
+                       collective_scratch=1.5),  # XLA's CPU reduce-scatter over gloo (estimate.knobs)
     )))

@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 
 from workbench.runs.estimate import estimate_run_memory, run_step_shape, spec_from_row
 from workbench.strategies import COLLECTIVE_KINDS, StepShape, get_strategy, strategies
+from workbench.studies.memory import PEAK_TOLERANCE, is_plan, measured_peak, peak_cause, source_label
 from workbench.studies.runs import loss_curves
 from workbench.studies.step_time import steady_median
 from workbench.views.style import coincide_note, figure, separate_coinciding, subplot_grid
@@ -121,8 +122,11 @@ def accumulation_table(loaded) -> "pd.DataFrame":
     ``compiled_collectives`` (JAX: those XLA kept in the compiled step, which combines all-reduces
     and merges repeated gathers; MLX: None), ``counted`` and ``expected`` (by kind, dicts),
     ``mib_sent`` (model, per rank per step), ``step_ms`` and ``sync_ms`` (median after warm-up of
-    the slowest rank; sync: MLX only), ``peak_mib`` (largest measured over ranks), ``model_peak_mib``,
-    ``peak_ratio``, ``max_loss_diff`` and ``max_grad_norm_rel_diff`` (to the G = 1 run whose spec
+    the slowest rank; sync: MLX only), ``peak_mib`` (largest measured over ranks: MLX's allocator mark, a JAX
+    rank's truth, :func:`~workbench.studies.memory.measured_peak`), ``model_peak_mib``, ``peak_ratio``,
+    ``peak_source``, ``plan_mib`` (XLA's plan of that rank's step; JAX only), ``peak_within`` (to
+    :data:`~workbench.studies.memory.PEAK_TOLERANCE`; None for a JAX run stored with its plan only),
+    ``peak_cause`` (a miss's term, :func:`~workbench.studies.memory.peak_cause`), ``max_loss_diff`` and ``max_grad_norm_rel_diff`` (to the G = 1 run whose spec
     is otherwise the same; the norm is of the averaged gradient, so a mis-scaled accumulation
     shows there even where AdamW's update hides it), ``run_id``.
     """
@@ -139,9 +143,13 @@ def accumulation_table(loaded) -> "pd.DataFrame":
             raise ValueError(f"run {run.run_id}: ranks report different collectives: "
                              f"{[r.get('collectives') for r in ranks]}")
         compiled = ranks[0].get("compiled_collectives")
-        peaks = [r.get("measured_memory", {}).get("peak") for r in ranks]
-        peak = max((p for p in peaks if p is not None), default=None)
-        model_peak = estimate_run_memory(fields).total_bytes
+        # the highest rank's peak: MLX's allocator mark, a JAX rank's truth (VmHWM) beside XLA's plan of its step
+        peak, source, plan = max((measured_peak(r["measured_memory"]) for r in ranks if r.get("measured_memory")),
+                                 key=lambda m: m[0] if m[0] is not None else -1, default=(None, "", None))
+        estimate = estimate_run_memory(fields)
+        model_peak = estimate.total_bytes
+        held = peak is not None and not is_plan(source)
+        within = bool(abs(peak / model_peak - 1) <= PEAK_TOLERANCE) if held else None
         rows.append({
             "framework": fields["framework"], "strategy": fields["strategy"], "G": fields["num_microbatches"],
             "mode": mode_label(fields),
@@ -151,7 +159,10 @@ def accumulation_table(loaded) -> "pd.DataFrame":
             "mib_sent": expected_bytes(fields) / 2**20,
             "step_ms": _ms(steady_median(steps, "step_time_s")), "sync_ms": _ms(steady_median(steps, "sync_time_s")),
             "peak_mib": peak / 2**20 if peak is not None else None, "model_peak_mib": model_peak / 2**20,
-            "peak_ratio": peak / model_peak if peak is not None else None, "run_id": run.run_id,
+            "peak_ratio": peak / model_peak if peak is not None else None, "peak_source": source_label(source),
+            "plan_mib": plan / 2**20 if plan is not None else None, "peak_within": within,
+            "peak_cause": peak_cause(estimate, peak, plan, PEAK_TOLERANCE) if within is False else "",
+            "run_id": run.run_id,
             "_key": repr(sorted((k, v) for k, v in fields.items() if k not in ("num_microbatches", "defer_sync"))),
         })
     table = pd.DataFrame(rows)

@@ -113,6 +113,12 @@ def is_plan(source: str) -> bool:
     return source.startswith("XLA")
 
 
+def source_label(source: str) -> str:
+    """A peak's ``source`` in a table's few words: ``XLA plan``, ``VmHWM`` (a JAX rank's truth), or MLX's
+    ``mx.get_peak_memory``."""
+    return "XLA plan" if is_plan(source) else "VmHWM" if "VmHWM" in source else source
+
+
 def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolerance: float) -> str:
     """Which term of the estimate a missed peak points at. With XLA's plan of the step (JAX): the plan against
     the estimate (the estimate's phases against XLA's schedule, which frees and reuses buffers the phases keep,
@@ -123,18 +129,24 @@ def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolera
     total = estimate.total_bytes
     phase = estimate.peak_phase
     rows = ", ".join(c.name.replace("_", " ") for c in estimate.components
-                     if c.rank_bytes and c.phase == phase)
+                     if c.rank_bytes and c.phase == phase and c.name != "collective_scratch")
     if plan is None:
         return f"the estimate's {phase} phase ({rows}): measured {measured / total:.2f} of the estimate"
+    # the collective library's scratch is outside XLA's program: the plan is held to the rest of the estimate,
+    # the rank to the plan with the scratch beside it
+    scratch = estimate["collective_scratch"] if phase == "backward" else 0
     causes = []
-    if abs(plan / total - 1) > tolerance:
-        causes.append(f"XLA's plan of the step is {plan / total:.2f} of the estimate: its schedule "
-                      f"{'holds less' if plan < total else 'holds more'} than the estimate's {phase} phase ({rows})")
-    if abs(measured / plan - 1) > tolerance:
-        outside = ("buffers outside the compiled step: gloo's, such as the copy of its whole input XLA's CPU "
-                   "reduce-scatter makes") if measured > plan else \
+    if abs(plan / (total - scratch) - 1) > tolerance:
+        causes.append(f"XLA's plan of the step is {plan / (total - scratch):.2f} of the estimate: its schedule "
+                      f"{'holds less' if plan < total - scratch else 'holds more'} than the estimate's {phase} phase "
+                      f"({rows})")
+    if abs(measured / (plan + scratch) - 1) > tolerance:
+        outside = ("buffers outside the compiled step" + (" beyond the estimate's collective scratch" if scratch
+                   else ": gloo's, such as the copy of its whole input XLA's CPU reduce-scatter makes")) \
+            if measured > plan + scratch else \
             "the mark did not rise by all of the plan's buffers: some sat in memory the process already held"
-        causes.append(f"the rank held {measured / plan - 1:+.0%} against XLA's plan ({outside})")
+        causes.append(f"the rank held {measured / (plan + scratch) - 1:+.0%} against XLA's plan"
+                      + (" and the collective scratch" if scratch else "") + f" ({outside})")
     return "; ".join(causes) or f"the estimate and XLA's plan each within {tolerance:.0%}, their errors added"
 
 

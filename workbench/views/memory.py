@@ -39,7 +39,7 @@ UNITS = {"GB": 10**9, "GiB": 2**30, "MB": 10**6, "MiB": 2**20}
 COMPONENT_COLORS = dict(zip(COMPONENTS, (
     "#4C78A8", "#F58518", "#72B7B2", "#54A24B", "#EECA3B", "#C8C8C8",  # states
     "#FF9DA6", "#9ECAE9", "#88D27A", "#E45756", "#B279A2", "#D67195",  # step
-    "#9D755D", "#BAB0AC", "#79706E")))  # backward
+    "#9D755D", "#BAB0AC", "#79706E", "#FCBF49")))  # backward
 #: Marker of the peak, by what sets it (:func:`peak_label`).
 PEAK_SYMBOLS = {"backward": "diamond", "step": "triangle-up", "states only": "circle"}
 
