@@ -1,7 +1,7 @@
 """Step time predicted from a model's profile against real runs, and the peak beside it (issue 26; prints a table).
 
 For each framework and rank count it first times the collectives on real engines (the collective benchmark,
-:func:`workbench.launch.benchmark.run_collective_benchmark`, sizes 4 KiB to 4 MiB, which span these models'
+:func:`workbench.studies.planner.advise.placement_links`, sizes 4 KiB to 4 MiB, which span these models'
 buckets) and fits the alpha-beta links of this placement (loopback), one per rank count; it profiles each model once, on one
 process, with the threads a rank gets, as many processes at once as a run has ranks on this host (its
 trainer's step timed too: the step's overhead, :attr:`workbench.runs.profile.ModelProfile.step_overhead_s`)
@@ -30,15 +30,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.launch.benchmark import run_collective_benchmark
 from workbench.launch.driver import run_training
 from workbench.launch.profile import profile_model
+from workbench.launch.remote import Placement
 from workbench.runs.estimate import spec_from_row, step_time_validation
 from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 from workbench.strategies import get_strategy
-from workbench.studies.step_time import fit_links, links_table, load_collective_benchmarks
+from workbench.studies.planner.advise import placement_links
+from workbench.studies.step_time import links_table
 
 LINK_SIZES = tuple(2**k for k in range(12, 23, 2))  # 4 KiB to 4 MiB
 MODELS = {
@@ -90,11 +91,12 @@ def main() -> None:
     frameworks, ranks = args.frameworks.split(","), [int(n) for n in args.ranks.split(",")]
     print(f"store {root}; before: {load()}", flush=True)
     t0 = time.monotonic()
+    links = {n: {} for n in ranks}  # one link per rank count, never mixed
     for fw in frameworks:
-        for n in ranks:
-            run_collective_benchmark(root / "collectives", fw, n, sizes_bytes=LINK_SIZES, iters=5)
-    benchmarks = load_collective_benchmarks(root / "collectives")
-    links = {n: fit_links(benchmarks, num_ranks=n) for n in ranks}  # one link per rank count, never mixed
+        for n in ranks:  # times that do not grow with size (4 JAX ranks on 2 cores) are measured again, larger
+            fitted, source = placement_links(root / "collectives", fw, n, Placement(), sizes_bytes=LINK_SIZES)
+            links[n].update(fitted)
+            print(f"{fw} {n} ranks: {source}", flush=True)
     print(f"links fitted ({time.monotonic() - t0:.0f} s); {load()}", flush=True)
     for n in ranks:
         print(f"{n} ranks:\n" + links_table(links[n]).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
