@@ -52,8 +52,8 @@ def memory_validation(loaded) -> "pd.DataFrame":
     Returns:
         Columns ``run``, ``run_id``, ``framework``, ``strategy``, ``rank``, ``component``
         (``parameters``, ``optimizer_state``, ``peak``), ``predicted_bytes``, ``measured_bytes``,
-        ``ratio`` (measured / predicted), ``tolerance`` (None where no target applies: a user model's
-        peak, a JAX peak that is XLA's plan), ``within`` (bool or None), ``source`` (how it was measured),
+        ``ratio`` (measured / predicted; a JAX peak that is XLA's plan against :func:`in_plan_bytes`),
+        ``tolerance`` (None where no target applies: a user model's peak, a JAX peak that is XLA's plan), ``within`` (bool or None), ``source`` (how it was measured),
         ``plan_bytes`` (XLA's plan of the step; NaN for MLX and for parameters and state) and ``cause``
         (a missed target's term, :func:`peak_cause`; "" otherwise). Runs recorded before measurements were
         stored contribute no rows.
@@ -76,6 +76,8 @@ def memory_validation(loaded) -> "pd.DataFrame":
                 got, source, plan = measured.get(component), "live arrays", None
                 if component == "peak":
                     got, source, plan = measured_peak(measured)
+                    if is_plan(source):  # XLA's plan, shown beside what of the estimate a plan can hold
+                        want = in_plan_bytes(estimate)
                 if got is None:
                     continue
                 # A user model's activations are modelled by its logits only (runs.estimate): its peak is shown,
@@ -113,6 +115,12 @@ def is_plan(source: str) -> bool:
     return source.startswith("XLA")
 
 
+def in_plan_bytes(estimate: MemoryEstimate) -> int:
+    """The estimate's peak less what no compiled program's plan holds: the collective library's scratch
+    (``collective_scratch``, XLA's CPU reduce-scatter over gloo) where the backward phase sets the peak."""
+    return estimate.total_bytes - (estimate["collective_scratch"] if estimate.peak_phase == "backward" else 0)
+
+
 def source_label(source: str) -> str:
     """A peak's ``source`` in a table's few words: ``XLA plan``, ``VmHWM`` (a JAX rank's truth), or MLX's
     ``mx.get_peak_memory``."""
@@ -134,7 +142,7 @@ def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolera
         return f"the estimate's {phase} phase ({rows}): measured {measured / total:.2f} of the estimate"
     # the collective library's scratch is outside XLA's program: the plan is held to the rest of the estimate,
     # the rank to the plan with the scratch beside it
-    scratch = estimate["collective_scratch"] if phase == "backward" else 0
+    scratch = total - in_plan_bytes(estimate)
     causes = []
     if abs(plan / (total - scratch) - 1) > tolerance:
         causes.append(f"XLA's plan of the step is {plan / (total - scratch):.2f} of the estimate: its schedule "
