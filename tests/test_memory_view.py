@@ -363,3 +363,27 @@ def test_a_groups_worst_row_is_a_held_one_and_only_a_missed_peak_has_a_cause():
     doubled = validation[(validation.run_id == loaded.runs.at[i, "run_id"]) & (validation.component == "parameters")
                          & (validation["rank"] == 0)].iloc[0]
     assert doubled.within is False and doubled.cause == ""
+
+
+def test_a_runs_peak_is_its_highest_truth_and_a_plan_is_shown_beside_what_a_plan_can_hold():
+    """One rule for the accumulation study and notebook 07: the highest rank among those that read their truth
+    (a rank whose stored peak is XLA's plan counts only where none did), held to 10% of the estimate; a plan is
+    set beside the estimate less gloo's scratch, with no verdict."""
+    from workbench.runs.estimate import estimate_run_memory
+    from workbench.studies.memory import highest_peak, in_plan_bytes, judge_peak
+
+    plan_only = {"peak": 900, "peak_source": "XLA memory_analysis"}
+    truth = {**plan_only, "truth_peak": 500, "truth_source": "VmHWM"}
+    assert highest_peak([{"measured_memory": plan_only}, {"measured_memory": truth}, {}]) == (500, "VmHWM", 900)
+    assert highest_peak([{"measured_memory": plan_only}]) == (900, "XLA memory_analysis", 900)  # the plan itself
+    assert highest_peak([{}, {"measured_memory": {"peak": None}}]) is None
+    estimate = estimate_run_memory(dict(framework="jax", strategy="fsdp-full", num_ranks=2, precision="float32",
+                                        optimizer="adamw", global_batch=8, communication_size=2**20,
+                                        model=dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4,
+                                                   mlp_dim=128)))
+    total = estimate.total_bytes
+    assert judge_peak(estimate, total, "VmHWM", total) == (total, True, "")
+    predicted, within, cause = judge_peak(estimate, 2 * total, "VmHWM", total)
+    assert (predicted, within) == (total, False) and "against XLA's plan" in cause
+    assert judge_peak(estimate, 2 * total, "XLA memory_analysis", None) == (in_plan_bytes(estimate), None, "")
+    assert in_plan_bytes(estimate) == total - estimate["collective_scratch"] < total

@@ -35,8 +35,8 @@ from typing import Any, Callable
 import psutil
 
 from workbench.launch.engines import EngineRun, start_engines
-from workbench.launch.relaunch import PORT_ATTEMPTS, relaunch, run_on_fresh_ports
 from workbench.launch.plan import plan_launch
+from workbench.launch.relaunch import PORT_ATTEMPTS, relaunch, run_on_fresh_ports
 
 
 #: The frameworks whose engines a pool keeps between runs.
@@ -69,7 +69,7 @@ class EnginePool:
 
     def run(self, num_ranks: int, framework: str, body: Callable[[EngineRun], Any], *,
             attempts: int = PORT_ATTEMPTS, may_retry: Callable[[], bool] = lambda: True) -> Any:
-        """``body(engines)`` on the held engines of ``num_ranks`` ``framework`` ranks, else on fresh ones (a port
+        """``body(engines)`` on the held engines of ``num_ranks`` ``framework`` ranks, else on fresh ones (a launch
         that failed at its start is relaunched, as :func:`run_on_fresh_ports` does); the engines are
         kept for the next run if ``body`` returns, stopped if it raises. The driver never hands it a run of a user's
         model factory (what a factory does to its process would stay there).

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 
 from workbench.runs.estimate import estimate_run_memory, run_step_shape, spec_from_row
 from workbench.strategies import COLLECTIVE_KINDS, StepShape, get_strategy, strategies
-from workbench.studies.memory import PEAK_TOLERANCE, is_plan, measured_peak, peak_cause, source_label
+from workbench.studies.memory import highest_peak, judge_peak, source_label
 from workbench.studies.runs import loss_curves
 from workbench.studies.step_time import steady_median
 from workbench.views.style import coincide_note, figure, separate_coinciding, subplot_grid
@@ -124,9 +124,10 @@ def accumulation_table(loaded) -> "pd.DataFrame":
     ``mib_sent`` (model, per rank per step), ``step_ms`` and ``sync_ms`` (median after warm-up of
     the slowest rank; sync: MLX only), ``peak_mib`` (largest measured over ranks: MLX's allocator mark, a JAX
     rank's truth, :func:`~workbench.studies.memory.measured_peak`), ``model_peak_mib``, ``peak_ratio``,
-    ``peak_source``, ``plan_mib`` (XLA's plan of that rank's step; JAX only), ``peak_within`` (to
-    :data:`~workbench.studies.memory.PEAK_TOLERANCE`; None for a JAX run stored with its plan only),
-    ``peak_cause`` (a miss's term, :func:`~workbench.studies.memory.peak_cause`), ``max_loss_diff`` and ``max_grad_norm_rel_diff`` (to the G = 1 run whose spec
+    ``peak_source``, ``plan_mib`` (XLA's plan of that rank's step; JAX only), ``peak_within`` and
+    ``peak_cause`` (:func:`~workbench.studies.memory.judge_peak`: None and "" for a JAX run stored with its plan
+    only, whose ``model_peak_mib`` is then what of the model a plan can hold), ``max_loss_diff`` and
+    ``max_grad_norm_rel_diff`` (to the G = 1 run whose spec
     is otherwise the same; the norm is of the averaged gradient, so a mis-scaled accumulation
     shows there even where AdamW's update hides it), ``run_id``.
     """
@@ -144,12 +145,10 @@ def accumulation_table(loaded) -> "pd.DataFrame":
                              f"{[r.get('collectives') for r in ranks]}")
         compiled = ranks[0].get("compiled_collectives")
         # the highest rank's peak: MLX's allocator mark, a JAX rank's truth (VmHWM) beside XLA's plan of its step
-        peak, source, plan = max((measured_peak(r["measured_memory"]) for r in ranks if r.get("measured_memory")),
-                                 key=lambda m: m[0] if m[0] is not None else -1, default=(None, "", None))
+        peak, source, plan = highest_peak(ranks) or (None, "", None)
         estimate = estimate_run_memory(fields)
-        model_peak = estimate.total_bytes
-        held = peak is not None and not is_plan(source)
-        within = bool(abs(peak / model_peak - 1) <= PEAK_TOLERANCE) if held else None
+        model_peak, within, cause = judge_peak(estimate, peak, source, plan) if peak is not None else \
+            (estimate.total_bytes, None, "")
         rows.append({
             "framework": fields["framework"], "strategy": fields["strategy"], "G": fields["num_microbatches"],
             "mode": mode_label(fields),
@@ -161,7 +160,7 @@ def accumulation_table(loaded) -> "pd.DataFrame":
             "peak_mib": peak / 2**20 if peak is not None else None, "model_peak_mib": model_peak / 2**20,
             "peak_ratio": peak / model_peak if peak is not None else None, "peak_source": source_label(source),
             "plan_mib": plan / 2**20 if plan is not None else None, "peak_within": within,
-            "peak_cause": peak_cause(estimate, peak, plan, PEAK_TOLERANCE) if within is False else "",
+            "peak_cause": cause,
             "run_id": run.run_id,
             "_key": repr(sorted((k, v) for k, v in fields.items() if k not in ("num_microbatches", "defer_sync"))),
         })

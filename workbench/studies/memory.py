@@ -53,7 +53,8 @@ def memory_validation(loaded) -> "pd.DataFrame":
         Columns ``run``, ``run_id``, ``framework``, ``strategy``, ``rank``, ``component``
         (``parameters``, ``optimizer_state``, ``peak``), ``predicted_bytes``, ``measured_bytes``,
         ``ratio`` (measured / predicted; a JAX peak that is XLA's plan against :func:`in_plan_bytes`),
-        ``tolerance`` (None where no target applies: a user model's peak, a JAX peak that is XLA's plan), ``within`` (bool or None), ``source`` (how it was measured),
+        ``tolerance`` (None where no target applies: a user model's peak, a JAX peak that is XLA's plan),
+        ``within`` (bool or None), ``source`` (how it was measured),
         ``plan_bytes`` (XLA's plan of the step; NaN for MLX and for parameters and state) and ``cause``
         (a missed target's term, :func:`peak_cause`; "" otherwise). Runs recorded before measurements were
         stored contribute no rows.
@@ -115,6 +116,23 @@ def is_plan(source: str) -> bool:
     return source.startswith("XLA")
 
 
+def highest_peak(ranks: list[dict]) -> tuple[int, str, int | None] | None:
+    """A run's peak: its highest rank's :func:`measured_peak` among the ranks that read the truth, where any did
+    (else among those whose stored peak is XLA's plan); None where no rank stored one."""
+    peaks = [m for m in (measured_peak(r.get("measured_memory") or {}) for r in ranks) if m[0] is not None]
+    peaks = [m for m in peaks if not is_plan(m[1])] or peaks
+    return max(peaks, key=lambda m: m[0]) if peaks else None
+
+
+def judge_peak(estimate: MemoryEstimate, peak: int, source: str, plan: int | None) -> tuple[int, bool | None, str]:
+    """``(predicted, within, cause)`` of a measured peak: held to :data:`PEAK_TOLERANCE` of the estimate, a miss's
+    term named (:func:`peak_cause`); a peak that is XLA's plan is shown beside :func:`in_plan_bytes`, not held."""
+    if is_plan(source):
+        return in_plan_bytes(estimate), None, ""
+    within = abs(peak / estimate.total_bytes - 1) <= PEAK_TOLERANCE
+    return estimate.total_bytes, within, "" if within else peak_cause(estimate, peak, plan, PEAK_TOLERANCE)
+
+
 def in_plan_bytes(estimate: MemoryEstimate) -> int:
     """The estimate's peak less what no compiled program's plan holds: the collective library's scratch
     (``collective_scratch``, XLA's CPU reduce-scatter over gloo) where the backward phase sets the peak."""
@@ -142,12 +160,12 @@ def peak_cause(estimate: MemoryEstimate, measured: int, plan: int | None, tolera
         return f"the estimate's {phase} phase ({rows}): measured {measured / total:.2f} of the estimate"
     # the collective library's scratch is outside XLA's program: the plan is held to the rest of the estimate,
     # the rank to the plan with the scratch beside it
-    scratch = total - in_plan_bytes(estimate)
+    in_plan = in_plan_bytes(estimate)
+    scratch = total - in_plan
     causes = []
-    if abs(plan / (total - scratch) - 1) > tolerance:
-        causes.append(f"XLA's plan of the step is {plan / (total - scratch):.2f} of the estimate: its schedule "
-                      f"{'holds less' if plan < total - scratch else 'holds more'} than the estimate's {phase} phase "
-                      f"({rows})")
+    if abs(plan / in_plan - 1) > tolerance:
+        causes.append(f"XLA's plan of the step is {plan / in_plan:.2f} of the estimate: its schedule "
+                      f"{'holds less' if plan < in_plan else 'holds more'} than the estimate's {phase} phase ({rows})")
     if abs(measured / (plan + scratch) - 1) > tolerance:
         outside = ("buffers outside the compiled step" + (" beyond the estimate's collective scratch" if scratch
                    else ": gloo's, such as the copy of its whole input XLA's CPU reduce-scatter makes")) \

@@ -15,8 +15,7 @@ from workbench.core.units import byte_unit, format_bytes, format_seconds
 from workbench.runs.estimate import spec_from_row
 from workbench.runs.profile_estimate import estimate_with_profile
 from workbench.runs.tables import LoadResult
-from workbench.studies.memory import (PEAK_TOLERANCE, in_plan_bytes, is_plan, measured_peak, peak_cause,
-                                      predicted_components)
+from workbench.studies.memory import highest_peak, is_plan, judge_peak
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,22 +67,17 @@ def peak_table(loaded: LoadResult, profiles: Mapping[str, "ModelProfile"]) -> "p
     runs = loaded.runs
     for _, run in runs[runs.status == "done"].iterrows() if "status" in runs else ():
         spec = spec_from_row(run)
-        measured = [measured_peak(r.get("measured_memory") or {}) for r in run.get("summary.ranks") or []]
-        peaks = [m for m in measured if m[0] is not None]
-        peaks = [m for m in peaks if not is_plan(m[1])] or peaks  # the ranks that read the truth, where any did
+        highest = highest_peak(run.get("summary.ranks") or [])  # the ranks that read the truth, where any did
         profile = profiles.get(spec["framework"])
-        if not peaks or profile is None:
+        if highest is None or profile is None:
             continue
         estimate = estimate_with_profile(spec, profile, run.get("model_shapes"))
-        peak, source, plan = max(peaks, key=lambda m: m[0])
-        shown = is_plan(source)  # a run recorded before its JAX ranks read the truth: beside what a plan can hold
-        predicted = in_plan_bytes(estimate) if shown else predicted_components(estimate)["peak"]
-        ratio = peak / predicted
-        within = None if shown else bool(abs(ratio - 1) <= PEAK_TOLERANCE)
+        peak, source, plan = highest
+        # a run recorded before its JAX ranks read the truth: its plan beside what of the estimate a plan can hold
+        predicted, within, cause = judge_peak(estimate, peak, source, plan)
         rows.append({"run": f"{spec['framework']} {spec['strategy']}", "framework": spec["framework"],
-                     "predicted_bytes": int(predicted), "measured_bytes": int(peak), "ratio": ratio, "within": within,
-                     "cause": JAX_PEAK_CAUSE if shown else
-                     ("" if within else peak_cause(estimate, peak, plan, PEAK_TOLERANCE))})
+                     "predicted_bytes": int(predicted), "measured_bytes": int(peak), "ratio": peak / predicted,
+                     "within": within, "cause": JAX_PEAK_CAUSE if is_plan(source) else cause})
     return pd.DataFrame(rows, columns=["run", "framework", "predicted_bytes", "measured_bytes", "ratio", "within",
                                        "cause"])
 
