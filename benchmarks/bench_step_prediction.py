@@ -39,7 +39,7 @@ from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 from workbench.strategies import get_strategy
 from workbench.studies.planner.advise import placement_links
-from workbench.studies.step_time import links_table
+from workbench.studies.step_time import fit_links, links_table, load_collective_benchmarks
 
 LINK_SIZES = tuple(2**k for k in range(12, 23, 2))  # 4 KiB to 4 MiB
 MODELS = {
@@ -92,14 +92,22 @@ def main() -> None:
     print(f"store {root}; before: {load()}", flush=True)
     t0 = time.monotonic()
     links = {n: {} for n in ranks}  # one link per rank count, never mixed
+    mean_links = {n: {} for n in ranks}  # the same benchmark's mean per call: what a miss from stalled calls shows
     for fw in frameworks:
         for n in ranks:  # times that do not grow with size (4 JAX ranks on 2 cores) are measured again, larger
             fitted, source = placement_links(root / "collectives", fw, n, Placement(), sizes_bytes=LINK_SIZES)
             links[n].update(fitted)
+            table = load_collective_benchmarks(root / "collectives")
+            try:
+                mean_links[n].update(fit_links(table[table.framework == fw], num_ranks=n, statistic="mean"))
+            except ValueError as err:  # means that do not grow with size: misses are named without them
+                print(f"{fw} {n} ranks: no links fitted to the means ({err})")
             print(f"{fw} {n} ranks: {source}", flush=True)
     print(f"links fitted ({time.monotonic() - t0:.0f} s); {load()}", flush=True)
     for n in ranks:
-        print(f"{n} ranks:\n" + links_table(links[n]).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
+        for what, fitted in (("median", links[n]), ("mean", mean_links[n])):
+            print(f"{n} ranks, each call's {what}:\n" + links_table(fitted).to_string(index=False, float_format=lambda v: f"{v:.3f}"),
+                  flush=True)
     for fw in frameworks:
         for model in args.models.split(","):
             for n in ranks:
@@ -112,7 +120,9 @@ def main() -> None:
                           f"measured, {profile.co_runners} at once, compute {profile.compute_s_at(spec.micro_batch_size) * 1e3:.1f} "
                           f"ms, step overhead {'-' if over is None else f'{over * 1e3:.1f} ms'}); {load()}", flush=True)
     loaded = load_runs(root)
-    table = step_time_validation(loaded, lambda s: profile_model(RunSpec(**s), root), lambda s: links[s["num_ranks"]])
+    table = step_time_validation(loaded, lambda s: profile_model(RunSpec(**s), root), lambda s: links[s["num_ranks"]],
+                                 mean_links=lambda s: mean_links[s["num_ranks"]] if any(
+                                     fw == s["framework"] for fw, _ in mean_links[s["num_ranks"]]) else None)
     peaks = {}
     for _, run in loaded.runs[loaded.runs.status == "done"].iterrows():
         spec = spec_from_row(run)
@@ -124,7 +134,7 @@ def main() -> None:
     table["peak_measured_mib"] = [peaks[r][1] for r in table.run_id]
     pd.set_option("display.width", 250)
     cols = ["framework", "model", "strategy", "num_ranks", "num_microbatches", "compute_ms", "update_ms", "comm_ms", "per_bucket_ms",
-            "overhead_ms", "predicted_ms", "measured_ms", "measured_sync_ms", "ratio", "off_term", "peak_predicted_mib",
+            "overhead_ms", "predicted_ms", "measured_ms", "measured_sync_ms", "ratio", "comm_mean_ms", "off_term", "peak_predicted_mib",
             "peak_measured_mib"]
     out = table.sort_values(["framework", "model", "num_ranks", "strategy", "num_microbatches"])[cols]
     print(out.to_string(index=False, float_format=lambda v: f"{v:.2f}"))

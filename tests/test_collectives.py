@@ -49,6 +49,11 @@ def test_benchmark_is_stored_and_tabulated_in_nccl_tests_terms(bench):
     assert set(table.run_id) == set(ids.values())
     assert (table.time_s > 0).all()
     np.testing.assert_allclose(table.algbw_bytes_per_s, table.size_bytes / table.time_s)
+    ranks = {run_id: RunStore(root).load_record(run_id)["summary"]["ranks"] for run_id in ids.values()}
+    for row in table.itertuples():  # each call's mean beside its median: the slowest rank's of each
+        key = f"{row.kind}:{row.size_bytes}"
+        assert row.mean_s == pytest.approx(max(np.mean(r["times_s"][key]) for r in ranks[row.run_id]))
+        assert row.time_s == pytest.approx(max(np.median(r["times_s"][key]) for r in ranks[row.run_id]))
     for kind, factor in (("all_reduce", 1.0), ("all_gather", 0.5), ("reduce_scatter", 0.5)):  # 2 ranks
         rows = table[table.kind == kind]
         np.testing.assert_allclose(rows.busbw_bytes_per_s, rows.algbw_bytes_per_s * factor)

@@ -252,3 +252,42 @@ def test_step_time_validation_takes_each_runs_links_from_a_function_of_its_spec(
     assert asked == [2]
     assert table.predicted_ms.iloc[0] == pytest.approx(predict_run_step_time(ddp, profile, slow).total_s * 1e3)
     assert table.predicted_ms.iloc[0] > step_time_validation(load_runs(tmp_path), profile, LINKS).predicted_ms.iloc[0]
+
+
+def test_a_miss_that_the_collectives_calls_mean_explains_is_named_theirs():
+    """XLA's gloo all-reduce on 2 cores with 2 ranks took 0.2 ms or, in 24-68% of calls, a scheduler slice of
+    about 4 ms: links fitted to each call's median leave the stalled calls out, and a step of 20 of them pays them.
+    Without a measured sync, the collectives are named where their mean per call closes half the gap or more."""
+    p = StepTimePrediction(compute_s=0.003, update_s=0.0005, comm_s=0.002, per_bucket_s=0.0)  # 5.5 ms
+    assert off_term(p, 0.032)[0] == "compute"  # the largest term, with nothing to say otherwise
+    term, why = off_term(p, 0.032, comm_at_mean_s=0.028)  # priced at the mean: 31.5 ms
+    assert term == "collectives" and "2.0 ms at their calls' median, 28.0 ms at their mean" in why
+    assert "which predicts 31.5 ms" in why
+    assert off_term(p, 0.032, comm_at_mean_s=0.006)[0] == "compute"  # the mean explains too little of the gap
+    assert off_term(p, 0.0056, comm_at_mean_s=0.028)[0] is None  # within: nothing to name
+    with pytest.raises(ValueError, match="comm_at_mean_s"):
+        off_term(p, 0.032, comm_at_mean_s=-1.0)
+
+
+def test_links_fit_each_calls_median_or_mean_and_a_validation_names_a_stalled_miss(tmp_path):
+    from workbench.studies.step_time import fit_links
+
+    typical, stalled = AlphaBeta(40e-6, 2e9), AlphaBeta(0.05, 2e9)
+    rows = [{"framework": "mlx", "kind": kind, "num_ranks": 2, "placement": "loopback", "rank_bytes": b,
+             "num_steps": 1, "time_s": typical.predict_s(b), "mean_s": stalled.predict_s(b)}
+            for kind in LINKS for b in (2.0**k for k in range(12, 23, 2))]
+    table = pd.DataFrame(rows)
+    assert fit_links(table)[("mlx", "all_reduce")].alpha_s == pytest.approx(40e-6, rel=1e-3)
+    mean = fit_links(table, statistic="mean")
+    assert mean[("mlx", "all_reduce")].alpha_s == pytest.approx(0.05, rel=1e-3)
+    with pytest.raises(ValueError, match="statistic='p90'"):
+        fit_links(table, statistic="p90")
+    ddp = RunSpec(framework="mlx", strategy="ddp", num_ranks=2, global_batch=8, model=LM, steps=4)
+    profile = profile_of(ddp)
+    at_mean = predict_run_step_time(ddp, profile, mean, per_bucket_s=0.0)
+    stored_run(tmp_path, ddp, at_mean.total_s)  # the steps paid the stalled calls
+    table = step_time_validation(load_runs(tmp_path), profile, fit_links(table), mean_links=lambda s: mean)
+    row = table.iloc[0]
+    assert row.comm_mean_ms == pytest.approx(at_mean.comm_s * 1e3) and row.comm_mean_ms > row.comm_ms
+    assert (row.within, row.off_term) == (False, "collectives") and "at their mean" in row.why
+    assert pd.isna(step_time_validation(load_runs(tmp_path), profile, LINKS).comm_mean_ms.iloc[0])

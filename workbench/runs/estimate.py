@@ -21,14 +21,8 @@ from workbench.core.specs import DTYPE_BYTES, ModelSpec, spec_from_flat
 from workbench.estimate.activations import estimate_activation_bytes
 from workbench.estimate.breakdown import MemoryEstimate
 from workbench.estimate.memory import estimate_memory
-from workbench.estimate.step_time import (
-    STEP_TIME_TOLERANCE,
-    StepTimePrediction,
-    off_term,
-    predict_step_time,
-    rank_update_bytes,
-    relative_slowdown,
-)
+from workbench.estimate.step_time import (STEP_TIME_TOLERANCE, StepTimePrediction, off_term, predict_step_time,
+                                          rank_update_bytes, relative_slowdown)
 from workbench.models.init import LMConfig, lm_model_spec
 from workbench.strategies import StepShape, get_strategy
 
@@ -266,7 +260,7 @@ def _check_profile_fits(fields: Mapping[str, Any], profile: Any) -> None:
 
 
 def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bucket_s: float = 0.0,
-                         warmup_steps: int = 1, tolerance: float = STEP_TIME_TOLERANCE) -> "Any":
+                         warmup_steps: int = 1, tolerance: float = STEP_TIME_TOLERANCE, mean_links: Any = None) -> "Any":
     """Every done run's step time, predicted from its model's profile and measured, side by side.
 
     Args:
@@ -278,6 +272,8 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
         per_bucket_s: Seconds per synced bucket beyond its collectives (the bucket-size advisor's).
         warmup_steps: Steps left out before the median.
         tolerance: The target, relative to the prediction (held on a quiet machine).
+        mean_links: Links fitted to the benchmark's mean per call (``fit_links(..., statistic="mean")``), as
+            ``links`` (a callable may give None): a miss the collectives' stalled calls explain is named theirs.
 
     Returns:
         A DataFrame, one row per run: ``run``, ``run_id``, ``framework``, ``strategy``, ``num_ranks``,
@@ -286,7 +282,7 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
         ``overhead_ms``, ``predicted_ms``), ``measured_ms`` (median over steps after ``warmup_steps`` of the
         slowest rank),
         ``measured_sync_ms`` (MLX's bucketed steps, median of the rank that waited least; else NaN),
-        ``ratio`` (measured / predicted),
+        ``ratio`` (measured / predicted), ``comm_mean_ms`` (NaN without ``mean_links``),
         ``tolerance``, ``within``, and where it misses, ``off_term`` and ``why``
         (:func:`~workbench.estimate.step_time.off_term`).
     """
@@ -297,14 +293,15 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
     for _, run in (runs[runs.status == "done"] if "status" in runs else runs.iloc[0:0]).iterrows():
         spec = spec_from_row(run)
         profile = profile_of(spec) if callable(profile_of) else profile_of
-        p = predict_run_step_time(spec, profile, links(spec) if callable(links) else links,
-                                  model_shapes=run.get("model_shapes"), per_bucket_s=per_bucket_s)
+        p, at_mean = (None if fitted is None else predict_run_step_time(
+            spec, profile, fitted, model_shapes=run.get("model_shapes"), per_bucket_s=per_bucket_s)
+            for fitted in (of(spec) if callable(of) else of for of in (links, mean_links)))
         mine = steps[(steps.run_id == run.run_id) & (steps.step >= warmup_steps)]
         step_s = float(mine.groupby("step").step_time_s.max().median())
         sync = mine.sync_time_s if "sync_time_s" in mine and mine.sync_time_s.notna().any() else None
         # the rank that waited least for the others: its sync is the collectives' own time
         sync_s = None if sync is None else float(mine.assign(s=sync).groupby("step").s.min().median())
-        term, why = off_term(p, step_s, sync_s, tolerance=tolerance)
+        term, why = off_term(p, step_s, sync_s, tolerance=tolerance, comm_at_mean_s=at_mean and at_mean.comm_s)
         rows.append({"run": f"{spec['framework']} {spec['strategy']}", "run_id": run.run_id,
                      "framework": spec["framework"], "strategy": spec["strategy"], "num_ranks": spec["num_ranks"],
                      "num_microbatches": spec.get("num_microbatches", 1),
@@ -312,9 +309,10 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
                                                                          "overhead")},
                      "predicted_ms": p.total_s * 1e3, "measured_ms": step_s * 1e3,
                      "measured_sync_ms": float("nan") if sync_s is None else sync_s * 1e3,
-                     "ratio": step_s / p.total_s if p.total_s else float("nan"), "tolerance": tolerance,
+                     "ratio": step_s / p.total_s if p.total_s else float("nan"),
+                     "comm_mean_ms": float("nan") if at_mean is None else at_mean.comm_s * 1e3, "tolerance": tolerance,
                      "within": term is None, "off_term": term, "why": why})
     columns = ["run", "run_id", "framework", "strategy", "num_ranks", "num_microbatches", "compute_ms", "update_ms",
                "comm_ms", "per_bucket_ms", "overhead_ms", "predicted_ms", "measured_ms", "measured_sync_ms", "ratio",
-               "tolerance", "within", "off_term", "why"]
+               "comm_mean_ms", "tolerance", "within", "off_term", "why"]
     return pd.DataFrame(rows, columns=columns)

@@ -181,7 +181,8 @@ def placement_label(placement: dict | None) -> str:
 
 def load_collective_benchmarks(root: Path | str) -> "pd.DataFrame":
     """Stored benchmarks under ``root`` as one row per (run, kind, size): ``time_s`` (max over
-    ranks of each rank's median), ``algbw_bytes_per_s``, ``busbw_bytes_per_s``, ``rank_bytes``
+    ranks of each rank's median), ``mean_s`` (max over ranks of each rank's mean: what a step that issues many
+    such calls pays where some of them stall), ``algbw_bytes_per_s``, ``busbw_bytes_per_s``, ``rank_bytes``
     (bytes each rank sends: ``V * bus factor``), ``num_steps`` (ring latency terms) and
     ``placement`` (:func:`placement_label`: loopback, or the hosts a cross-host run used)."""
     import pandas as pd
@@ -199,17 +200,21 @@ def load_collective_benchmarks(root: Path | str) -> "pd.DataFrame":
             size = int(size)
             t = max(statistics.median(r["times_s"][key]) for r in ranks)
             rows.append({"run_id": record["run_id"], "framework": spec["framework"], "num_ranks": n, "kind": kind,
-                         "size_bytes": size, "time_s": t, "algbw_bytes_per_s": size / t,
+                         "size_bytes": size, "time_s": t, "mean_s": max(statistics.fmean(r["times_s"][key]) for r in ranks), "algbw_bytes_per_s": size / t,
                          "busbw_bytes_per_s": size / t * bus_factor(kind, n), "rank_bytes": size * bus_factor(kind, n),
                          "num_steps": ring_steps(kind, n), "path": ranks[0]["paths"].get(kind, kind),
                          "placement": placement_label(spec.get("placement"))})
-    columns = ["run_id", "framework", "num_ranks", "kind", "size_bytes", "time_s", "algbw_bytes_per_s",
+    columns = ["run_id", "framework", "num_ranks", "kind", "size_bytes", "time_s", "mean_s", "algbw_bytes_per_s",
                "busbw_bytes_per_s", "rank_bytes", "num_steps", "path", "placement"]
     return pd.DataFrame(rows, columns=columns).sort_values(["framework", "kind", "size_bytes"], ignore_index=True)
 
 
-def fit_links(table: "pd.DataFrame", placement: str = LOOPBACK, num_ranks: int | None = None
-              ) -> dict[tuple[str, str], AlphaBeta]:
+#: What a link is fitted to, by name: the column of :func:`load_collective_benchmarks`.
+LINK_STATISTICS = {"median": "time_s", "mean": "mean_s"}
+
+
+def fit_links(table: "pd.DataFrame", placement: str = LOOPBACK, num_ranks: int | None = None, *,
+              statistic: str = "median") -> dict[tuple[str, str], AlphaBeta]:
     """Alpha-beta constants per ``(framework, kind)``, least squares of relative error over every
     stored size (``t = alpha * ring steps + bytes sent per rank / beta``), from the rows of one
     ``placement`` only (a link across hosts is another link than loopback) and one rank count.
@@ -220,11 +225,16 @@ def fit_links(table: "pd.DataFrame", placement: str = LOOPBACK, num_ranks: int |
 
     Args:
         num_ranks: Fit the rows of this rank count only; needed when ``table`` holds several.
+        statistic: ``"median"`` (``time_s``: a typical call) or ``"mean"`` (``mean_s``: what many calls cost
+            together where some stall; XLA's gloo all-reduce on 2 cores with 2 ranks took 0.2 ms or, in 24-68% of
+            calls, a scheduler slice of about 4 ms, and every call 4.0 ms with each rank pinned to one core).
 
     Raises:
-        ValueError: naming the framework and kind whose times do not grow with size, or the rank counts a
-            table mixes when ``num_ranks`` is not given.
+        ValueError: naming the framework and kind whose times do not grow with size, the rank counts a
+            table mixes when ``num_ranks`` is not given, or an unknown ``statistic``.
     """
+    if statistic not in LINK_STATISTICS:
+        raise ValueError(f"statistic={statistic!r}: one of {', '.join(LINK_STATISTICS)}")
     fits = {}
     if "placement" in table:
         table = table[table.placement == placement]
@@ -235,8 +245,8 @@ def fit_links(table: "pd.DataFrame", placement: str = LOOPBACK, num_ranks: int |
                          "at one rank count (num_ranks=), as a placement of more ranks than cores is another link")
     for (framework, kind), g in table.groupby(["framework", "kind"], sort=True):
         try:
-            fits[(framework, kind)] = fit_alpha_beta(g.rank_bytes.to_numpy(), g.time_s.to_numpy(), g.num_steps.to_numpy(),
-                                                     relative=True)
+            fits[(framework, kind)] = fit_alpha_beta(g.rank_bytes.to_numpy(), g[LINK_STATISTICS[statistic]].to_numpy(),
+                                                     g.num_steps.to_numpy(), relative=True)
         except ValueError as err:
             raise ValueError(f"{framework} {kind}: {err} (too few or too noisy sizes: measure larger messages)") from None
     return fits
