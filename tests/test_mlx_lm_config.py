@@ -102,6 +102,14 @@ def test_a_fully_sharded_run_wraps_the_repeated_blocks_not_the_whole_model():
 
     lm = MLXLM(LMConfig(vocab_size=64, seq_len=8, dim=32, num_layers=3, num_heads=2, mlp_dim=64))
     assert block_units(lm) == ["layers.0", "layers.1", "layers.2"]  # the built-in LM: as shard_model's default
+    from mlx.utils import tree_flatten
+
+    from workbench.core.fully_shard_plan import propose_units
+    from workbench.core.specs import spec_from_flat
+
+    for model in (build_mlx_lm(TINY["llama"]), attention()[0], mlp()[0], lm):  # what the plan counts, collectives too
+        spec = spec_from_flat([(k, v.shape, "float32") for k, v in tree_flatten(model.parameters())], "m")
+        assert block_units(model) == propose_units(spec)
 
 
 def test_the_extras_install_mlx_lm_and_the_cuda_builds():

@@ -172,6 +172,53 @@ def test_a_strategy_that_recomputes_blocks_scales_the_profiled_activations_by_th
     assert ratio < 1 and estimate_with_profile(full, profile)["activations"] == round(41_000 * ratio)
 
 
+def test_zero3_activations_are_the_profiled_step_on_one_rank_less_what_the_estimate_holds_beside_them(tmp_path):
+    """MLX's fsdp-full wraps a model's blocks and recomputes each in backward. The profile measured the ZeRO-3
+    trainer's step on a group of one: its rise, less the gradients and unit buffers the estimate holds on one rank,
+    is the run's activations (mlx-lm's Llama and Qwen3 read 1.04 and 1.00 of it at 2 ranks, the attention example
+    1.02; one lazy backward's measure kept 1.13-1.65x what the ordered step did). Every other run, a JAX run, and a
+    profile without the measure keep the backward's."""
+    user = dict(model=dict(vocab_size=384, seq_len=128), model_factory="examples.tiny_attention_lm:mlx_factory",
+                global_batch=16, num_ranks=2)
+    full, ddp = RunSpec(strategy="fsdp-full", **user), RunSpec(strategy="ddp", **user)
+    jax = RunSpec(**{**full.to_dict(), "framework": "jax", "model_factory": "examples.tiny_attention_lm:jax_factory"})
+    shapes = [["blocks.0.w", [64, 64], "float32"], ["blocks.1.w", [64, 64], "float32"], ["head.w", [64, 8], "float32"]]
+    one = estimate_run_memory(RunSpec(**{**full.to_dict(), "num_ranks": 1, "global_batch": 8}), shapes)
+    held = one["gradients"] + one["gathered_unit"]
+    rises = [[held + 6_000, held + 5_000], [held + 11_000, held], [held + 21_000, held + 20_500]]  # held + 1000 + 2500 b
+    profile = profile_from_measurements(measured(zero3_rise_samples=rises), profile_key_fields(full, 1), 1.0)
+    assert profile.zero3_rise_fit.slope == pytest.approx(2500) and profile.zero3_rise_fit.at(8) == pytest.approx(held + 21_000)
+    assert load_profile(save_profile(tmp_path / "p.json", profile)) == profile
+    estimate = estimate_with_profile(full, profile, shapes)
+    assert estimate["activations"] == 21_000 and "ZeRO-3 step on one rank" in next(
+        c.formula for c in estimate.components if c.name == "activations")
+    assert estimate_with_profile(ddp, profile, shapes)["activations"] == 41_000  # nothing recomputed: the backward's
+    assert estimate_with_profile(full, profile_from_measurements(measured(), profile_key_fields(full, 1), 1.0),
+                                 shapes)["activations"] == 41_000  # no ZeRO-3 measure: the backward's
+    jax_profile = profile_from_measurements(measured(zero3_rise_samples=rises), profile_key_fields(jax, 1), 1.0)
+    assert estimate_with_profile(jax, jax_profile, shapes)["activations"] == 41_000  # XLA gathers every unit at once
+    # the blocks are the units: the gathered unit is the largest block's, not the whole model's
+    whole = [[p.replace("blocks", "parts"), s, d] for p, s, d in shapes]  # no blocks: the model is one unit
+    assert estimate_run_memory(full, shapes)["gathered_unit"] * 2 < estimate_run_memory(full, whole)["gathered_unit"]
+    merged = merge_co_runners([measured(zero3_rise_samples=rises), measured(zero3_rise_samples=[[1], [2], [3]])])
+    assert merged["zero3_rise_samples"][2] == [held + 21_000, held + 20_500, 3]
+    with pytest.raises(ValueError, match="zero3_rise_samples need one row for each"):
+        profile_from_measurements(measured(zero3_rise_samples=rises[:2]), profile_key_fields(full, 1), 1.0)
+
+
+def test_mlxs_zero3_buffers_at_two_ranks_are_the_ring_exchanges_and_one_rank_holds_its_copy():
+    """Measured on 2 ring ranks for the attention example's block (U = 0.425 MiB, 12 arrays): the gathered bucket
+    and its rebuilt arrays (2 U) and, beside the full gradient, the reduce-scatter's both rows, the exchanged pair,
+    the sum and its scaled copy (3 U); one rank's rows are copied once, its arrays views of the copy."""
+    from workbench.estimate.memory import estimate_memory
+
+    u = 1000
+    for n, want in ((1, u * 4 * (1 + 1 + 3)), (2, u * 4 * (2 + 1 + 3)), (4, u * 4 * (2 + 1) + u * 4 * (1 + 2 / 4))):
+        est = estimate_memory(5 * u // 2, "zero3", n, unit_buffers="mlx", units={"a": u, "b": u, "root": u // 2},
+                              param_dtype="float32", master_dtype=None, optimizer_state_dtype="float32")
+        assert est["gathered_unit"] == want, (n, est["gathered_unit"], want)
+
+
 def test_jaxs_zero3_holds_the_whole_model_gathered_and_its_activations_whole():
     """XLA issues every unit's all-gather at once: on the validation LM at 2 ranks its plan was 66.3 MiB and the
     rank's VmHWM 77.5 MiB where per-unit gathers with recomputed blocks predicted 45.6 MiB (now 61.8 MiB)."""
@@ -283,10 +330,11 @@ def test_a_profile_keeps_the_trainers_step_and_its_overhead_beyond_the_parts_it_
 
 def test_the_key_holds_the_records_version_and_the_processes_that_measured_at_once():
     """A profile stored by the code before the trainer's step was timed (version 1), or before JAX's whole step was
-    measured (2), is never found under today's key: it is measured again, not read as if it held the overhead or
-    the update beside backward (the old file is left where it was)."""
+    measured (2), or before MLX's activations with each block recomputed were (4), is never found under today's
+    key: it is measured again, not read as if it held the overhead, the update beside backward or the recomputed
+    blocks (the old file is left where it was)."""
     fields = profile_key_fields(RunSpec(model=LM), 1)
-    assert fields["profile_version"] == PROFILE_VERSION == 4 and fields["co_runners"] == 1
+    assert fields["profile_version"] == PROFILE_VERSION == 5 and fields["co_runners"] == 1
     old = {k: v for k, v in fields.items() if k not in ("profile_version", "co_runners")}
     assert profile_key(old) != profile_key(fields)
     assert profile_key(profile_key_fields(RunSpec(model=LM), 1, 2)) != profile_key(fields)

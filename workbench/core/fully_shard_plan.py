@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 from workbench.core.checks import integer
 from workbench.core.specs import DTYPE_BYTES, ModelSpec, canonical_dtype
@@ -146,9 +147,16 @@ class FullyShardPlan:
 
 def propose_units(spec: ModelSpec) -> list[str]:
     """Every transformer block of ``spec`` (an entry of a ``layers``, ``blocks`` or ``h`` list), in order."""
+    return block_paths(p.path for p in spec)
+
+
+def block_paths(paths: Iterable[str]) -> list[str]:
+    """The module path of every transformer block the parameter ``paths`` hold (the shallowest ``layers``,
+    ``blocks`` or ``h`` entry of each: ``model.layers.0`` of ``model.layers.0.mlp.up.weight``), in order: the units
+    a fully sharded run wraps, in the plan and in the MLX trainer alike; [] where there are none."""
     out: dict[str, None] = {}
-    for p in spec:
-        match = BLOCK_RE.match(p.path)
+    for path in paths:
+        match = BLOCK_RE.match(path)
         if match:
             out.setdefault(match.group(1))
     return list(out)

@@ -116,11 +116,12 @@ class MemoryKnobs:
             ``"parameters_and_gradients"``: ``U * (pb + gb)``, its gathered parameters and full gradient
             (DeepSpeed's 4 B x largest layer in 16 bit). ``"mlx"``: the buffers of
             :class:`~workbench.adapters.mlx.zero3.ShardedUnit`'s backward, which gathers again and
-            recomputes: ``U * (2 * pb + gb * (2 + 2 / N))`` = the all-gathered bucket and the per-array
-            copies ``rebuild_arrays`` cuts from it (``2 U pb``), the unit's full gradient (``U gb``), and the
-            reduce-scatter's buffers (``U gb (1 + 2 / N)``: the N rows of the bucket as exchanged (the
-            all-gather of the 2-rank ring, ``sum_scatter``'s stacked input), this rank's row concatenated,
-            and their sum). Measured on 2 MLX ring ranks: ``tests/test_mlx_zero3.py``. ``"sum_scatter_ring"``
+            recomputes: the all-gathered bucket and the per-array copies ``rebuild_arrays`` cuts from it
+            (``2 U pb``; ``U pb`` on one rank, whose arrays are views of its copy), the unit's full gradient
+            (``U gb``), and the reduce-scatter's buffers: at 2 ranks ``3 U gb`` (both rows concatenated, the
+            all-gathered pair, their sum and its scaled copy: measured on the ring for a block of 12 arrays),
+            else ``U gb (1 + 2 / N)`` (the N rows as exchanged, this rank's row, their sum). Measured on 2 MLX
+            ring ranks: ``tests/test_mlx_zero3.py``. ``"sum_scatter_ring"``
             (without resharding: MLX's ``fully_shard`` on ring or MPI, ``sum_scatter`` supplied by the workbench's
             ring reduce-scatter): beside every gathered unit and the largest unit's gradient, the reduce-scatter's
             buffers: ``U gb (1 + 1/N)`` at 2 ranks (the exchange's two rows and the sum), ``2 U gb / N`` above (the

@@ -243,10 +243,13 @@ def _unit_row(k: MemoryKnobs, b: _Bytes, spec: ModelSpec | None, psi_d: int) -> 
                                    "(U gb (1 + 1/N) at 2 ranks, 2 U gb / N above)")
         return MemoryComponent("gathered_unit", psi_d * pb + largest * gb, unit_what)
     if k.unit_buffers == "mlx":  # gathered bucket + rebuild_arrays copies, full gradient, reduce-scatter buffers
-        return MemoryComponent("gathered_unit", 2 * largest * pb + 2 * largest * gb + 2 * -(-largest * gb // n),
-                               "largest unit (U): 2 U pb (all-gathered bucket + rebuild_arrays copies) + U gb (full "
-                               "gradient) + U gb (1 + 2 / N) (reduce-scatter: N rows exchanged, this rank's row, "
-                               "their sum)")
+        gather = (2 if n > 1 else 1) * largest * pb  # one rank: its copy of the rows, the arrays views of it
+        # 2 ranks: both rows concatenated, the all-gathered pair, the sum and its scaled copy (3 U, measured)
+        rs = 3 * largest * gb if n == 2 else largest * gb + 2 * -(-largest * gb // n)
+        return MemoryComponent("gathered_unit", gather + largest * gb + rs,
+                               "largest unit (U): 2 U pb (all-gathered bucket + rebuild_arrays copies; U pb on one "
+                               "rank) + U gb (full gradient) + the reduce-scatter's buffers: 3 U gb at 2 ranks (both "
+                               "rows, the exchanged pair, the sum, its scaled copy), U gb (1 + 2 / N) otherwise")
     return MemoryComponent("gathered_unit", largest * (pb + gb), unit_what)
 
 

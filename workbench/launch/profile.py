@@ -113,7 +113,7 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
 
 #: What every co-running process measured, pooled size by size: seconds, and the activations' bytes (whose largest
 #: the fit takes: the more samples, the surer it meets the higher of a small model's peaks, see profile_mlx).
-POOLED_SAMPLES = ("compute_s_samples", "forward_s_samples", "activation_samples")
+POOLED_SAMPLES = ("compute_s_samples", "forward_s_samples", "activation_samples", "zero3_rise_samples")
 
 
 def merge_co_runners(results: Sequence[dict]) -> dict:

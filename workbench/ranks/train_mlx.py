@@ -42,6 +42,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     from workbench.ranks.phases import PHASE_AGREE, PHASE_JOIN, PHASE_MODEL, PHASE_STEP, report_phase
     from workbench.ranks.user_model import (
         agree_on_start,
+        block_units,
         check_finite_loss,
         global_batches,
         mlx_model_and_loss,
@@ -71,9 +72,9 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     with contextlib.ExitStack() as run_scope:  # what the run's trainer needs until its last step
         if record.family == "fully_shard":  # MLX's own fully_shard: every block, then the root
             trainer, sum_scatter = _fully_shard_trainer(record, model, opt, group, run_scope, accum)
-        elif record.gathers_units:  # ZeRO-3: one unit per transformer block, plus the root
-            trainer = make_zero3_trainer(model, opt, group, reshard_after_forward=record.reshard_after_forward,
-                                         **accum)
+        elif record.gathers_units:  # ZeRO-3: one unit per transformer block (as the plan counts them), plus the root
+            trainer = make_zero3_trainer(model, opt, group, units=block_units(model),
+                                         reshard_after_forward=record.reshard_after_forward, **accum)
         else:  # DDP, or MLX's FSDP step in the record's layout, its state resident in the buckets (ResidentFsdp)
             trainer = make_trainer(model, opt, group, strategy=record.name,
                                    communication_size=spec.communication_size, **accum)

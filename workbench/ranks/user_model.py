@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench.core.fingerprint import RanksDisagree, plan_fingerprint, weights_digest
+from workbench.core.fully_shard_plan import block_paths
 from workbench.core.specs import ModelSpec, spec_from_flat
 from workbench.ranks.model_vocab import check_model_vocab
 from workbench.runs.factory import add_import_paths, data_sha256, resolve_factory
@@ -133,28 +134,20 @@ def jax_params_and_loss(spec) -> tuple[dict[str, np.ndarray], Callable]:
     return params, loss_fn
 
 
-#: Names of a model's list of repeated blocks, the units a fully sharded run gathers one at a time.
-BLOCK_LIST_NAMES = ("layers", "blocks")
+def block_units(model) -> list[str]:
+    """The MLX module paths of ``model``'s transformer blocks, by the plan's rule
+    (:func:`~workbench.core.fully_shard_plan.block_paths`: the shallowest ``layers``, ``blocks`` or ``h`` entry of
+    each parameter path), e.g. ``["model.layers.0", "model.layers.1"]`` for an mlx-lm model; ``[]`` when it has
+    none (the whole model is then one unit).
 
-
-def block_units(model, names: tuple[str, ...] = BLOCK_LIST_NAMES) -> list[str]:
-    """The MLX module paths of ``model``'s repeated blocks: each entry of the shallowest list of modules named
-    in ``names`` (``layers``, ``blocks``), e.g. ``["model.layers.0", "model.layers.1"]`` for an mlx-lm model;
-    ``[]`` when it has none (the whole model is then one unit).
-
-    A fully sharded (ZeRO-3) run gathers one unit at a time, so a model wrapped whole gathers all its
-    weights at once: the units given to :func:`~workbench.adapters.mlx.zero3.shard_model` (whose own
-    default finds only a top-level ``layers``). The root unit holds what no block holds.
+    A fully sharded (ZeRO-3) run gathers one unit at a time, so a model wrapped whole gathers all its weights at
+    once: these are the units :mod:`workbench.ranks.train_mlx` gives
+    :func:`~workbench.adapters.mlx.zero3.shard_model` (whose own default finds only a top-level ``layers``), and
+    the units the run's plan counts collectives and memory by. The root unit holds what no block holds.
     """
-    blocks: dict[str, list[int]] = {}
-    for name, _ in model.named_modules():
-        *head, parent, index = ["", *name.split(".")]
-        if parent in names and index.isdigit():
-            blocks.setdefault(".".join([*head, parent]).lstrip("."), []).append(int(index))
-    if not blocks:
-        return []
-    prefix = min(blocks, key=lambda p: (p.count("."), p))
-    return [f"{prefix}.{i}" for i in sorted(blocks[prefix])]
+    from mlx.utils import tree_flatten
+
+    return block_paths(path for path, _ in tree_flatten(model.parameters()))
 
 
 def user_units(params: dict, loss_fn: Callable) -> tuple[list[Callable], Callable, list[list[str]]]:

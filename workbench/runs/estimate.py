@@ -6,8 +6,7 @@ the strategy, precision and optimizer, the bucket and shard plans of its
 ``communication_size``, activations, and what the framework's step writes beside the arrays it updates
 (:meth:`~workbench.strategies.Strategy.update_copies`: MLX's new parameter tree, and its resident FSDP's
 master shards; a jitted JAX step's new parameters and optimizer state, none where it is donated, as JAX's
-resident FSDP step). :mod:`workbench.studies.memory` sets it beside what the
-ranks measured.
+resident FSDP step). :mod:`workbench.studies.memory` sets it beside what the ranks measured.
 """
 
 from __future__ import annotations
@@ -75,20 +74,18 @@ def estimate_user_activation_bytes(seq_len: int, micro_batch_size: int, vocab_si
 def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     """Per-rank memory estimate of a run (a :class:`~workbench.runs.spec.RunSpec` or its dict).
 
-    ``model_shapes``: a user model's parameters (:func:`run_model_spec`); ignored for the built-in LM.
-    A user model is one ZeRO-3 unit, and its activations are :func:`estimate_user_activation_bytes`.
+    ``model_shapes``: a user model's parameters (:func:`run_model_spec`); ignored for the built-in LM, whose
+    activations are the closed formula's (a user model's: :func:`estimate_user_activation_bytes`).
 
-    The bucket plan is MLX's rule at ``communication_size`` (the JAX FSDP step uses the same
-    plan); ``fsdp-full`` is ZeRO-3 with one unit per transformer block plus the root. With
-    ``num_microbatches`` G > 1, activations are one micro-batch's and the accumulator follows
-    ``defer_sync`` (:func:`~workbench.estimate.memory.estimate_memory`). MLX's ``fsdp-full`` without deferred sync
-    recomputes each block in backward (``estimate_run_activation_bytes(recompute=True)``), and its unit's
-    backward buffers are ``ShardedUnit``'s (``unit_buffers="mlx"``); JAX's holds every unit gathered at once, and
-    its activations whole (``unit_buffers="whole_model"``: XLA's schedule). MLX's ``fully_shard``
-    (``mlx-fully-shard``) is ZeRO-3 without resharding: its units are the wrapped modules
-    (:func:`~workbench.core.fully_shard_plan.plan_fully_shard`: each block, then the root), all gathered
-    from forward to backward, with the activations of the whole model kept (nothing recomputed). A run
-    gathers in the run's ``precision`` (a RunSpec has no ``compute_dtype``), so no cast copies are counted.
+    The bucket plan is MLX's rule at ``communication_size`` (the JAX FSDP step uses the same plan). With
+    ``num_microbatches`` G > 1, activations are one micro-batch's and the accumulator follows ``defer_sync``
+    (:func:`~workbench.estimate.memory.estimate_memory`). ``fsdp-full`` (ZeRO-3) and MLX's ``fully_shard`` gather
+    units: each transformer block (a ``layers``, ``blocks`` or ``h`` entry, a user model's too), then the root
+    (:func:`~workbench.core.fully_shard_plan.plan_fully_shard`). MLX's ``fsdp-full`` recomputes each block in
+    backward (:func:`units_recomputed`), its unit's backward buffers ``ShardedUnit``'s (``unit_buffers="mlx"``);
+    JAX's holds every unit gathered at once, its activations whole (``unit_buffers="whole_model"``);
+    ``fully_shard`` keeps every unit gathered from forward to backward, nothing recomputed. A run gathers in its
+    ``precision`` (a RunSpec has no ``compute_dtype``), so no cast copies are counted.
     """
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
     strategy, n, precision = fields["strategy"], fields["num_ranks"], fields["precision"]
@@ -98,28 +95,34 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     buckets = plan_buckets(model, fields["communication_size"])
     by_buckets = record.units == "buckets"  # else the units are modules: no bucket plan, no shards of buckets
     shard_plan = plan_shards(buckets, n, record.layout) if by_buckets and record.layout else None
-    defer = fields.get("defer_sync", True)
-    # A strategy that reshards after forward recomputes each unit's block in backward; deferred sync
-    # (G > 1) runs the gathered model without the units' rematerialisation.
     impl = next((i for i in record.implementations if i.framework == fields["framework"]), None)
-    # JAX's ZeRO-3 (unit_buffers "whole_model"): XLA gathers every unit at once, so its jax.checkpoint saves nothing
-    # at the peak: on the validation LM at 2 ranks XLA's plan is 66.3 MiB and the rank's VmHWM 77.5 MiB, where
-    # per-unit gathers with recomputed blocks predicted 45.6 MiB, and the whole model gathered 61.8 MiB.
-    recompute = record.gathers_units and record.reshard_after_forward and not (g > 1 and defer) and \
-        (impl is None or impl.unit_buffers != "whole_model")
-    # fully_shard's units are the modules its trainer wraps (each block, then the root): every unit's weights
-    # stay gathered from forward to backward, and the largest unit's full gradient meets them there.
-    units = {u.name: u.num_params for u in plan_fully_shard(model, n).units} if record.family == "fully_shard" \
-        else None
+    # the units MLX's trainers wrap (each block, then the root; ranks.user_model.block_units): fully_shard keeps
+    # every unit's weights gathered from forward to backward, ZeRO-3 the largest unit's buffers in backward
+    units = {u.name: u.num_params for u in plan_fully_shard(model, n).units} if record.family == "fully_shard" or (
+        record.gathers_units and fields["framework"] == "mlx") else None
     return estimate_memory(
         model, strategy, n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
         optimizer_state_dtype=precision, bucket_plan=buckets if by_buckets else None,
         shard_plan=shard_plan, update_copies=record.update_copies(fields["framework"]),
-        num_microbatches=g, defer_sync=defer, reshard_after_forward=record.reshard_after_forward, units=units,
+        num_microbatches=g, defer_sync=fields.get("defer_sync", True), reshard_after_forward=record.reshard_after_forward,
+        units=units,
         unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         sync_in_place=impl is not None and impl.sync_per == "array",  # JAX's DDP: one psum per array, in place
         collective_scratch=impl.collective_scratch if impl is not None else 0.0,
-        activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), recompute))
+        activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), units_recomputed(fields)))
+
+
+def units_recomputed(fields: Mapping[str, Any], *, memory: bool = True) -> bool:
+    """Whether a run's backward recomputes its units' forward: a strategy resharding them after forward, unless
+    deferred sync (G > 1) runs the gathered model whole. ``memory``: and keeps fewer activations for it, which
+    JAX's ZeRO-3 does not (``unit_buffers="whole_model"``: XLA gathers every unit at once, so its jax.checkpoint
+    saves nothing at the peak: on the validation LM at 2 ranks XLA's plan was 66.3 MiB and VmHWM 77.5 MiB, where
+    per-unit gathers with recomputed blocks predicted 45.6 MiB, and the whole model gathered 61.8 MiB)."""
+    record = get_strategy(fields["strategy"])
+    impl = next((i for i in record.implementations if i.framework == fields["framework"]), None)
+    deferred = fields.get("num_microbatches", 1) > 1 and fields.get("defer_sync", True)
+    return record.gathers_units and record.reshard_after_forward and not deferred and not (
+        memory and impl is not None and impl.unit_buffers == "whole_model")
 
 
 def _activation_bytes(fields: Mapping[str, Any], micro_batch_size: int, recompute: bool) -> int:
@@ -233,8 +236,7 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
     model = run_model_spec(fields, model_shapes)
     by_buckets = record.units == "buckets" and record.implementation(fields["framework"]).sync_per == "bucket"
     b = fields["global_batch"] // (n * g)
-    # as the memory model: units freed after forward are recomputed in backward, unless deferred sync keeps them
-    recompute = record.gathers_units and record.reshard_after_forward and not (g > 1 and fields.get("defer_sync", True))
+    recompute = units_recomputed(fields, memory=False)  # JAX's units too: their forward runs again, held or not
     slowdown = relative_slowdown(ranks_per_host or n, profile.key_fields.get("threads"), getattr(profile, "cores", None),
                                  getattr(profile, "co_runners", 1))
     return predict_step_time(

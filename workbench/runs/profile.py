@@ -41,7 +41,7 @@ STEP_SAMPLES = ("step_s_samples", "step_bare_s_samples", "step_update_s_samples"
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
 #: The record's layout and what its times mean (in the key; another version's file is refused, naming it).
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 
 
 class ProfileError(ValueError):
@@ -98,7 +98,11 @@ class ModelProfile:
             units after forward runs again in backward); None in a profile stored before they were measured.
         cores: CPUs of the machine that measured it (``os.cpu_count()``), or None: with ``threads`` it says
             whether a run's ranks had the cores the profile had.
+        zero3_rise_samples: MLX: per size, how far the ZeRO-3 trainer's step on a group of one (each transformer
+            block a unit, recomputed in backward) raised the peak above the arrays live before it; None where the
+            model has no blocks, or for JAX.
         activation_fit: Bytes against ``b``, fitted to each size's largest sample.
+        zero3_rise_fit: Bytes against ``b`` of ``zero3_rise_samples`` (each size's largest), or None.
         compute_fit: Seconds against ``b``, fitted to each size's median.
         forward_fit: The same of the forward alone, or None.
         step_s_samples: At the smallest size, seconds of the rank's whole DDP step on a group of one (timed as
@@ -138,7 +142,9 @@ class ModelProfile:
     step_update_s_samples: tuple[float, ...] | None = None
     co_runners: int = 1
     update_beside_backward_bytes: int | None = None
+    zero3_rise_samples: tuple[tuple[int, ...], ...] | None = None
     activation_fit: LinearFit = field(init=False)
+    zero3_rise_fit: LinearFit | None = field(init=False)
     compute_fit: LinearFit = field(init=False)
     forward_fit: LinearFit | None = field(init=False)
 
@@ -150,6 +156,11 @@ class ModelProfile:
             sizes, [max(s) for s in self.activation_samples], what="activation_bytes"))
         object.__setattr__(self, "compute_fit", fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in self.compute_s_samples], what="compute_s"))
+        zero3 = self.zero3_rise_samples
+        if zero3 is not None and len(zero3) != len(sizes):
+            raise ValueError(f"a profile's zero3_rise_samples need one row for each of the sizes {list(sizes)}")
+        object.__setattr__(self, "zero3_rise_fit", None if zero3 is None else fit_linear(
+            sizes, [max(s) for s in zero3], what="zero3_rise_bytes"))
         forward = self.forward_s_samples
         if forward is not None and len(forward) != len(sizes):
             raise ValueError(f"a profile's forward_s_samples need one row for each of the sizes {list(sizes)}")
@@ -204,6 +215,8 @@ class ModelProfile:
         out = {"version": PROFILE_VERSION, "key": self.key, "key_fields": self.key_fields,
                "micro_batch_sizes": list(self.micro_batch_sizes),
                "activation_samples": [list(s) for s in self.activation_samples],
+               "zero3_rise_samples": None if self.zero3_rise_samples is None
+               else [list(s) for s in self.zero3_rise_samples],
                "compute_s_samples": [list(s) for s in self.compute_s_samples],
                "forward_s_samples": None if self.forward_s_samples is None else [list(s) for s in self.forward_s_samples],
                **{name: None if getattr(self, name) is None else list(getattr(self, name))
@@ -240,7 +253,9 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
            for name in STEP_SAMPLES},
         co_runners=int(measured.get("co_runners") or 1),
         update_beside_backward_bytes=None if measured.get("update_beside_backward_bytes") is None
-        else int(measured["update_beside_backward_bytes"]))
+        else int(measured["update_beside_backward_bytes"]),
+        zero3_rise_samples=None if measured.get("zero3_rise_samples") is None
+        else tuple(tuple(int(v) for v in s) for s in measured["zero3_rise_samples"]))
 
 
 def save_profile(path: str | Path, profile: ModelProfile) -> Path:

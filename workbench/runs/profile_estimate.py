@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from workbench.estimate.breakdown import MemoryComponent, MemoryEstimate
 from workbench.models.init import LMConfig
-from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_memory
+from workbench.runs.estimate import estimate_run_activation_bytes, estimate_run_memory, units_recomputed
 from workbench.runs.profile import ModelProfile, profile_key_fields
 
 
@@ -23,10 +23,14 @@ MODEL_FIELDS = ("model", "precision", "seq_len", "vocab_size", "framework")
 def estimate_with_profile(spec: Any, profile: ModelProfile, model_shapes: Any = None) -> MemoryEstimate:
     """:func:`~workbench.runs.estimate.estimate_run_memory` with the profile's activations for the run's micro-batch.
 
-    The profile measured the whole model's backward with nothing recomputed. Where the run's strategy
-    recomputes each block of the built-in LM in backward (a unit resharded after forward), the profiled
-    bytes are scaled by the closed formula's ratio of recomputed to kept activations; a user's model is one
-    unit, recomputed whole, so its activations are the profile's as measured.
+    The profile measured the whole model's backward with nothing recomputed, and, for an MLX model with transformer
+    blocks, the ZeRO-3 trainer's step on a group of one. Where the run's strategy recomputes its units in backward
+    (MLX's ZeRO-3 resharding after forward: :func:`~workbench.runs.estimate.units_recomputed`), the activations are
+    that step's rise less what the estimate holds beside them on one rank (the gradients and the unit's buffers):
+    an ordered step frees what one lazy backward keeps (the attention example's fsdp-full peak read 1.11x a
+    prediction from the kept activations, mlx-lm's Llama and Qwen3 0.80 and 0.88x one from blocks recomputed by
+    ``nn.utils.checkpoint``). Without that measure, the built-in LM's are scaled by the closed formula's ratio of
+    recomputed to kept activations, and a user model's are the kept ones.
 
     Raises:
         ValueError: ``profile`` is of another model, dtype, sequence length, vocabulary or framework (named).
@@ -40,8 +44,16 @@ def estimate_with_profile(spec: Any, profile: ModelProfile, model_shapes: Any = 
     base = estimate_run_memory(fields, model_shapes)
     b = fields["global_batch"] // (fields["num_ranks"] * fields.get("num_microbatches", 1))
     activations = profile.activation_bytes_at(b)
-    how = f"profiled: {profile.activation_fit.slope:,.0f} B x {b} sequences + {profile.activation_fit.intercept:,.0f} B"
-    if fields.get("model_factory") is None:
+    fit = profile.activation_fit
+    how = f"profiled: {fit.slope:,.0f} B x {b} sequences + {fit.intercept:,.0f} B"
+    if units_recomputed(fields) and profile.zero3_rise_fit is not None:
+        one = estimate_run_memory({**fields, "num_ranks": 1, "global_batch": b * fields.get("num_microbatches", 1)},
+                                  model_shapes)
+        held = one["gradients"] + one["gathered_unit"]
+        activations = max(0, round(profile.zero3_rise_fit.at(b)) - held)
+        how = (f"profiled ZeRO-3 step on one rank: its rise {profile.zero3_rise_fit.slope:,.0f} B x {b} sequences + "
+               f"{profile.zero3_rise_fit.intercept:,.0f} B, less its gradients and unit buffers ({held:,} B)")
+    elif fields.get("model_factory") is None:
         kept = estimate_run_activation_bytes(LMConfig(**fields["model"]), b, fields["precision"])
         if base["activations"] != kept and kept:
             activations = round(activations * base["activations"] / kept)

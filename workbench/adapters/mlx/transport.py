@@ -157,8 +157,10 @@ class Collectives:
     def all_gather(self, row: mx.array) -> mx.array:
         """``(N * c,)``: every rank's 1-D row, in rank order."""
         n = self.group.size()
-        if n == 1:
-            return row
+        if n == 1:  # a copy in the chain, as a ring's: the profile's ZeRO-3 step on one rank frees as 2 ranks do
+            out = self._after(row) + 0
+            self.last = out[:1] * 0
+            return out
         out = mx.distributed.all_gather(self._after(row), group=self.group)
         self.last = out[:1] * 0  # a token: holding the output itself would keep the buffer alive
         self.counts["all_gather"] += 1
@@ -169,7 +171,9 @@ class Collectives:
         """This rank's row of the sum over ranks; ``row(k)`` is the local row k."""
         n = self.group.size()
         if n == 1:
-            return row(0)
+            out = self._after(row(0)) + 0
+            self.last = out[:1] * 0
+            return out
         out = reduce_scatter(lambda k: self._after(row(k)), self.group, self.transport, None)
         self.last = out[:1] * 0
         self.counts["reduce_scatter"] += 1

@@ -98,6 +98,15 @@ class ShardedUnit(nn.Module):
             shapes=[SimpleNamespace(shape=a.shape, size=a.size) for _, a in own],
             recompute=reshard_after_forward and not contains, full=False))
 
+    def __getattr__(self, key: str) -> Any:
+        """The unit's own attribute, else the wrapped module's (an mlx-lm block's ``use_sliding``, read by its model)."""
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if dict.get(self, "module") is None:
+                raise
+            return getattr(dict.get(self, "module"), key)
+
     @property
     def num_params(self) -> int:
         """Elements of this unit's own parameters (full, not the shard)."""
@@ -162,8 +171,15 @@ class ShardedUnit(nn.Module):
             arrays = [a for a in args if isinstance(a, mx.array)]
             return self._run(gather(mx.depends(rows, arrays) if arrays else rows), rows, args, kwargs)
 
+        # Only array arguments pass through the custom function; the others (an mlx-lm block's mask="causal",
+        # its cache=None) are the call's constants, put back in their places.
+        at = [i for i, a in enumerate(args) if isinstance(a, mx.array)]
+
+        def placed(inputs: list) -> list:
+            return [inputs[at.index(i)] if i in at else a for i, a in enumerate(args)]
+
         def forward(rows, inputs):
-            return self._run(self.gather(rows, inputs), rows, inputs, kwargs)
+            return self._run(self.gather(rows, inputs), rows, placed(inputs), kwargs)
 
         def backward(primals, cots, _):
             rows, inputs = primals
@@ -185,12 +201,12 @@ class ShardedUnit(nn.Module):
             return self.scatter(grads[:n_rows], scale), input_grads
 
         def forward_full(full, inputs, rows):
-            out = self._run(full, rows, inputs, kwargs)
+            out = self._run(full, rows, placed(inputs), kwargs)
             return list(out) if isinstance(out, (list, tuple)) else [out]
 
         fn = mx.custom_function(forward)
         fn.vjp(backward)
-        return fn(rows, list(args))
+        return fn(rows, [args[i] for i in at])
 
 
 class Zero3Model(nn.Module):
