@@ -7,7 +7,8 @@ from workbench.runs.estimate import estimate_run_memory, spec_from_row
 from workbench.ranks.probes import TRUTH_SOURCE
 from workbench.runs.spec import VALIDATION_MODEL, RunSpec
 from workbench.runs.tables import load_runs
-from workbench.studies.memory import COMPONENT_TOLERANCE, PEAK_TOLERANCE, memory_validation, memory_validation_summary
+from workbench.studies.memory import (COMPONENT_TOLERANCE, PEAK_TOLERANCE, in_plan_bytes, memory_validation,
+                                      memory_validation_summary)
 
 
 def spec(framework, strategy, **kw):
@@ -63,8 +64,12 @@ def test_jax_peak_is_the_ranks_truth_held_to_10_percent_with_a_missed_targets_te
         assert row.within == (abs(row.ratio - 1) <= PEAK_TOLERANCE) and (row.cause == "") == row.within, row
         if row.within:
             continue
-        # the term that is off, from the plan: the estimate's phases against XLA's schedule, or beyond the plan
-        plan_off, beyond = row.plan_bytes / row.predicted_bytes, row.measured_bytes / row.plan_bytes
+        # the term that is off, from the plan: the estimate's phases against XLA's schedule (the estimate less the
+        # collective library's scratch, which no compiled program holds), or beyond the plan and that scratch
+        estimate = estimate_run_memory(spec_from_row(loaded.runs[loaded.runs.run_id == row.run_id].iloc[0]))
+        assert estimate.total_bytes == row.predicted_bytes
+        scratch = estimate.total_bytes - in_plan_bytes(estimate)
+        plan_off, beyond = row.plan_bytes / (row.predicted_bytes - scratch), row.measured_bytes / (row.plan_bytes + scratch)
         assert (f"XLA's plan of the step is {plan_off:.2f} of the estimate" in row.cause) == (abs(plan_off - 1) > 0.1)
         assert (f"{beyond - 1:+.0%} against XLA's plan" in row.cause) == (abs(beyond - 1) > 0.1)
     print(peaks[["strategy", "rank", "predicted_bytes", "measured_bytes", "plan_bytes", "ratio", "cause"]].to_string())
