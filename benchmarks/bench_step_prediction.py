@@ -97,12 +97,14 @@ def main() -> None:
         for n in ranks:  # times that do not grow with size (4 JAX ranks on 2 cores) are measured again, larger
             fitted, source = placement_links(root / "collectives", fw, n, Placement(), sizes_bytes=LINK_SIZES)
             links[n].update(fitted)
-            table = load_collective_benchmarks(root / "collectives")
+            print(f"{fw} {n} ranks: {source}", flush=True)
+    table = load_collective_benchmarks(root / "collectives")  # every benchmark is stored by now: read once
+    for fw in frameworks:
+        for n in ranks:
             try:
                 mean_links[n].update(fit_links(table[table.framework == fw], num_ranks=n, statistic="mean"))
             except ValueError as err:  # means that do not grow with size: misses are named without them
                 print(f"{fw} {n} ranks: no links fitted to the means ({err})")
-            print(f"{fw} {n} ranks: {source}", flush=True)
     print(f"links fitted ({time.monotonic() - t0:.0f} s); {load()}", flush=True)
     for n in ranks:
         for what, fitted in (("median", links[n]), ("mean", mean_links[n])):

@@ -176,7 +176,7 @@ def test_zero3_activations_are_the_profiled_step_on_one_rank_less_what_the_estim
     """MLX's fsdp-full wraps a model's blocks and recomputes each in backward. The profile measured the ZeRO-3
     trainer's step on a group of one: its rise, less the gradients and unit buffers the estimate holds on one rank,
     is the run's activations (mlx-lm's Llama and Qwen3 read 1.04 and 1.00 of it at 2 ranks, the attention example
-    1.02; one lazy backward's measure kept 1.13-1.65x what the ordered step did). Every other run, a JAX run, and a
+    1.02; one lazy backward with every block recomputed grew 1.13-1.65x as much with the micro-batch). Every other run, a JAX run, and a
     profile without the measure keep the backward's."""
     user = dict(model=dict(vocab_size=384, seq_len=128), model_factory="examples.tiny_attention_lm:mlx_factory",
                 global_batch=16, num_ranks=2)

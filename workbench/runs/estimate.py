@@ -105,8 +105,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
         optimizer_state_dtype=precision, bucket_plan=buckets if by_buckets else None,
         shard_plan=shard_plan, update_copies=record.update_copies(fields["framework"]),
         num_microbatches=g, defer_sync=fields.get("defer_sync", True), reshard_after_forward=record.reshard_after_forward,
-        units=units,
-        unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
+        units=units, unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         sync_in_place=impl is not None and impl.sync_per == "array",  # JAX's DDP: one psum per array, in place
         collective_scratch=impl.collective_scratch if impl is not None else 0.0,
         activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), units_recomputed(fields)))
@@ -295,9 +294,10 @@ def step_time_validation(loaded: Any, profile_of: Any, links: Mapping, *, per_bu
     for _, run in (runs[runs.status == "done"] if "status" in runs else runs.iloc[0:0]).iterrows():
         spec = spec_from_row(run)
         profile = profile_of(spec) if callable(profile_of) else profile_of
-        p, at_mean = (None if fitted is None else predict_run_step_time(
-            spec, profile, fitted, model_shapes=run.get("model_shapes"), per_bucket_s=per_bucket_s)
-            for fitted in (of(spec) if callable(of) else of for of in (links, mean_links)))
+        fitted, means = (of(spec) if callable(of) else of for of in (links, mean_links))
+        p = predict_run_step_time(spec, profile, fitted, model_shapes=run.get("model_shapes"), per_bucket_s=per_bucket_s)
+        at_mean = None if means is None else predict_run_step_time(spec, profile, means, model_shapes=run.get(
+            "model_shapes"), per_bucket_s=per_bucket_s)
         mine = steps[(steps.run_id == run.run_id) & (steps.step >= warmup_steps)]
         step_s = float(mine.groupby("step").step_time_s.max().median())
         sync = mine.sync_time_s if "sync_time_s" in mine and mine.sync_time_s.notna().any() else None

@@ -199,8 +199,9 @@ def load_collective_benchmarks(root: Path | str) -> "pd.DataFrame":
             kind, size = key.split(":")
             size = int(size)
             t = max(statistics.median(r["times_s"][key]) for r in ranks)
+            mean = max(statistics.fmean(r["times_s"][key]) for r in ranks)
             rows.append({"run_id": record["run_id"], "framework": spec["framework"], "num_ranks": n, "kind": kind,
-                         "size_bytes": size, "time_s": t, "mean_s": max(statistics.fmean(r["times_s"][key]) for r in ranks), "algbw_bytes_per_s": size / t,
+                         "size_bytes": size, "time_s": t, "mean_s": mean, "algbw_bytes_per_s": size / t,
                          "busbw_bytes_per_s": size / t * bus_factor(kind, n), "rank_bytes": size * bus_factor(kind, n),
                          "num_steps": ring_steps(kind, n), "path": ranks[0]["paths"].get(kind, kind),
                          "placement": placement_label(spec.get("placement"))})
