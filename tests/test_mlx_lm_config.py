@@ -16,6 +16,7 @@ from packaging.requirements import Requirement
 from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.core.hf_config import spec_from_hf_config
 from workbench.core.paths import REPO_ROOT
+from workbench.models.init import LMConfig, lm_config_from_hf
 from workbench.models.mlx_lm_config import build_mlx_lm, mlx_lm_class_name, mlx_lm_factory
 from workbench.ranks.user_model import block_units
 
@@ -127,3 +128,21 @@ def test_the_extras_install_mlx_lm_and_the_cuda_builds():
     pins = dict(line.split("==") for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
                 if line and not line.startswith("#"))
     assert mlx_lm.specifier.contains(pins["mlx-lm"]) and pins["mlx"] == pins["mlx-cpu"]  # one MLX, mlx-lm's too
+
+
+def test_the_workbench_lm_takes_a_configs_shape_for_the_jax_side_of_its_runs(tmp_path):
+    """JAX trains no mlx-lm class: its side of a config's runs is the workbench's LM with the config's width, depth,
+    heads, MLP width, vocabulary and tied head (tests/test_mlx_lm_runs.py), counted as the workbench counts it."""
+    config = lm_config_from_hf(DATA / "mlx_lm_tiny_qwen3.json", seq_len=128)
+    assert config == LMConfig(vocab_size=256, seq_len=128, dim=64, num_layers=2, num_heads=4, mlp_dim=128,
+                              tie_embeddings=True)
+    raw = json.loads((DATA / "mlx_lm_tiny_llama.json").read_text())
+    assert lm_config_from_hf({**raw, "tie_word_embeddings": False}, seq_len=32).tie_embeddings is False
+    for change, field in (({"hidden_size": None}, "hidden_size"), ({"num_hidden_layers": 2.5}, "num_hidden_layers"),
+                          ({"head_dim": 32}, "head_dim"), ({"tie_word_embeddings": "yes"}, "tie_word_embeddings")):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**raw, **change}))
+        with pytest.raises(ValueError, match=rf"^{path}: field '{field}' "):
+            lm_config_from_hf(tmp_path, seq_len=32)  # a folder holding config.json, as a local snapshot
+    with pytest.raises(ValueError, match="seq_len"):
+        lm_config_from_hf(raw, seq_len=0)

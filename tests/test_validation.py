@@ -7,8 +7,11 @@ from workbench.runs.estimate import estimate_run_memory, spec_from_row
 from workbench.ranks.probes import TRUTH_SOURCE
 from workbench.runs.spec import VALIDATION_MODEL, RunSpec
 from workbench.runs.tables import load_runs
-from workbench.studies.memory import (COMPONENT_TOLERANCE, PEAK_TOLERANCE, in_plan_bytes, memory_validation,
+from workbench.studies.memory import (COMPONENT_TOLERANCE, PEAK_TOLERANCE, memory_validation,
                                       memory_validation_summary)
+
+
+STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")
 
 
 def spec(framework, strategy, **kw):
@@ -19,7 +22,7 @@ def spec(framework, strategy, **kw):
 @pytest.fixture(scope="module")
 def validated(tmp_path_factory, shared_runs, engine_pool):
     root = tmp_path_factory.mktemp("runs")
-    runs = [("mlx", "ddp"), ("mlx", "fsdp-row"), ("mlx", "fsdp-flat"), ("jax", "ddp"), ("jax", "fsdp-full")]
+    runs = [(framework, strategy) for framework in ("mlx", "jax") for strategy in STRATEGIES]
     outcomes = {r: shared_runs.run(spec(*r), root, pool=engine_pool) for r in runs}  # trained once a session, whoever asks first
     assert {o.status for o in outcomes.values()} == {"done"}, {r: o.error for r, o in outcomes.items()}
     loaded = load_runs(root)
@@ -36,7 +39,7 @@ def test_every_run_record_holds_its_estimate(validated):
 def test_parameters_and_optimizer_state_within_5_percent_on_every_rank(validated):
     _, table = validated
     states = table[table.component != "peak"]
-    assert len(states) == 5 * 2 * 2  # runs x ranks x components
+    assert len(states) == 8 * 2 * 2  # runs x ranks x components
     assert states.within.all(), states[~states.within.astype(bool)]
     assert ((states.ratio - 1).abs() <= COMPONENT_TOLERANCE).all()
 
@@ -44,39 +47,30 @@ def test_parameters_and_optimizer_state_within_5_percent_on_every_rank(validated
 def test_mlx_peak_within_10_percent_and_fsdp_below_ddp(validated):
     _, table = validated
     peaks = table[(table.component == "peak") & (table.framework == "mlx")]
-    assert set(peaks.strategy) == {"ddp", "fsdp-row", "fsdp-flat"} and len(peaks) == 6
+    assert set(peaks.strategy) == set(STRATEGIES) and len(peaks) == 8
     assert ((peaks.ratio - 1).abs() <= PEAK_TOLERANCE).all(), peaks
     measured = peaks.groupby("strategy").measured_bytes.max()
-    # FSDP shards the AdamW state and holds one new tree, not DDP's averaged gradients too.
-    assert measured["fsdp-row"] < 0.8 * measured["ddp"] and measured["fsdp-flat"] < 0.8 * measured["ddp"]
+    # FSDP shards the AdamW state and holds one new tree, not DDP's averaged gradients too; ZeRO-3 its parameters
+    assert all(measured[s] < 0.8 * measured["ddp"] for s in STRATEGIES[1:]), measured
 
 
-def test_jax_peak_is_the_ranks_truth_held_to_10_percent_with_a_missed_targets_term_named(validated):
+def test_jax_peak_is_the_ranks_truth_held_to_10_percent_under_every_strategy(validated):
+    """Each JAX rank's truth (VmHWM), held to 10% of the run's estimate under all four strategies (issue 26). A
+    missed peak's term is named by peak_cause (tests/test_memory_view.py holds how); here none may miss."""
     loaded, table = validated
     peaks = table[(table.component == "peak") & (table.framework == "jax")]
-    assert len(peaks) == 4 and (peaks.tolerance == PEAK_TOLERANCE).all() and (peaks.source == TRUTH_SOURCE).all()
+    assert len(peaks) == 8 and set(peaks.strategy) == set(STRATEGIES)
+    assert (peaks.tolerance == PEAK_TOLERANCE).all() and (peaks.source == TRUTH_SOURCE).all()
     jax_runs = loaded.runs[loaded.runs["spec.framework"] == "jax"]
     stored = {(run_id, r["rank"]): r["measured_memory"]
               for run_id, ranks in zip(jax_runs.run_id, jax_runs["summary.ranks"]) for r in ranks}
+    print(peaks[["strategy", "rank", "predicted_bytes", "measured_bytes", "plan_bytes", "ratio", "cause"]].to_string())
     for row in peaks.itertuples():
         measured = stored[row.run_id, row.rank]
         assert (row.measured_bytes, row.plan_bytes) == (measured["truth_peak"], measured["peak"])
-        assert row.within == (abs(row.ratio - 1) <= PEAK_TOLERANCE) and (row.cause == "") == row.within, row
-        if row.within:
-            continue
-        # the term that is off, from the plan: the estimate's phases against XLA's schedule (the estimate less the
-        # collective library's scratch, which no compiled program holds), or beyond the plan and that scratch
-        estimate = estimate_run_memory(spec_from_row(loaded.runs[loaded.runs.run_id == row.run_id].iloc[0]))
-        assert estimate.total_bytes == row.predicted_bytes
-        scratch = estimate.total_bytes - in_plan_bytes(estimate)
-        plan_off, beyond = row.plan_bytes / (row.predicted_bytes - scratch), row.measured_bytes / (row.plan_bytes + scratch)
-        assert (f"XLA's plan of the step is {plan_off:.2f} of the estimate" in row.cause) == (abs(plan_off - 1) > 0.1)
-        assert (f"{beyond - 1:+.0%} against XLA's plan" in row.cause) == (abs(beyond - 1) > 0.1)
-    print(peaks[["strategy", "rank", "predicted_bytes", "measured_bytes", "plan_bytes", "ratio", "cause"]].to_string())
+        assert row.within and abs(row.ratio - 1) <= PEAK_TOLERANCE and row.cause == "", row
     summary = memory_validation_summary(table)
-    assert summary[(summary.framework == "mlx")].within.all()
-    peaks = summary[summary.component == "peak"]  # a missed target's term, from its worst rank
-    assert [(row.cause != "") for row in peaks.itertuples()] == [row.within is False for row in peaks.itertuples()]
+    assert summary.within.all() and (summary.cause == "").all(), summary
     # ZeRO-3 holds half the parameters per rank at rest
     full = table[(table.strategy == "fsdp-full") & (table.component == "parameters")]
     assert (full.measured_bytes * 2 == estimate_run_memory(spec("jax", "ddp"))["parameters"]).all()
@@ -87,7 +81,7 @@ def test_a_jax_runs_measured_peak_is_near_xlas_plan_of_its_step(validated):
     jax_runs = loaded.runs[loaded.runs["spec.framework"] == "jax"]
     runs = {strategy: [r["measured_memory"] for r in ranks]
             for strategy, ranks in zip(jax_runs["spec.strategy"], jax_runs["summary.ranks"])}
-    assert len(runs) == 2 and all(m["truth_source"] == TRUTH_SOURCE for ms in runs.values() for m in ms)
+    assert len(runs) == 4 and all(m["truth_source"] == TRUTH_SOURCE for ms in runs.values() for m in ms)
     # A run's peak is its highest rank's, read over one more step after the run's with each buffer in pages of its
     # own: near the plan on this LM (issue 26), and alike on the two ranks of a symmetric step. Read over a timed
     # step with glibc's heap, one rank or both read 0.55-0.70 of the plan from the third step on (the step's
@@ -98,6 +92,7 @@ def test_a_jax_runs_measured_peak_is_near_xlas_plan_of_its_step(validated):
     assert max(ddp) <= 1.15 * min(ddp), ddp  # a rank reading 0.55-0.70 of the other fails it
     ratios = {strategy: round(max(m["truth_peak"] for m in ms) / max(m["peak"] for m in ms), 3) for strategy, ms in runs.items()}
     assert 0.85 < ratios["ddp"] < 1.15 and 0.95 < ratios["fsdp-full"] < 1.6, ratios
+    assert all(0.9 < ratios[s] < 1.15 for s in ("fsdp-row", "fsdp-flat")), ratios  # a reduce-scatter: gloo's buffers
 
 
 def test_estimate_follows_the_framework_and_strategy():

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.core.checks import integer
+from workbench.core.hf_config import load_hf_config
+from workbench.core.hf_fields import HFFields
 from workbench.core.specs import ModelSpec
 
-__all__ = ["LMConfig", "RMS_NORM_EPS", "init_lm_params", "lm_param_shapes", "num_params"]
+__all__ = ["LMConfig", "RMS_NORM_EPS", "init_lm_params", "lm_config_from_hf", "lm_param_shapes", "num_params"]
 
 #: Epsilon added to the mean square in every RMSNorm.
 RMS_NORM_EPS = 1e-5
@@ -75,6 +77,39 @@ class LMConfig:
     def head_dim(self) -> int:
         """Elements per attention head: ``dim // num_heads``."""
         return self.dim // self.num_heads
+
+
+def lm_config_from_hf(config, seq_len: int) -> LMConfig:
+    """The workbench's own LM with a Hugging Face config's shape: its width, depth, heads, MLP width, vocabulary
+    and tied head, at ``seq_len`` positions.
+
+    What the LM cannot take from the config it leaves, as the issue allows the JAX side of a config's runs
+    (MLX trains the config's own classes, :mod:`workbench.models.mlx_lm_config`): every head has its own K and V
+    (``num_key_value_heads`` is not read), the MLP is one GELU matrix pair (not a gated three), and positions are
+    learned (no RoPE). Activations per token (T x T scores per head, the D- and F-wide hidden states) are the
+    config's.
+
+    Args:
+        config: A ``config.json`` path, a folder holding one, or its dict (read by
+            :func:`~workbench.core.hf_config.load_hf_config`).
+        seq_len: Positions of the learned position embedding (the run's sequence length).
+
+    Raises:
+        ValueError: naming the field and the file, where ``hidden_size``, ``num_hidden_layers``,
+            ``num_attention_heads``, ``intermediate_size`` or ``vocab_size`` is absent or not a positive integer,
+            ``tie_word_embeddings`` is not a boolean, or a ``head_dim`` given makes the heads other than
+            ``hidden_size`` wide.
+    """
+    raw, where = load_hf_config(config)
+    f = HFFields(raw, where)
+    dim, heads = f.count("hidden_size"), f.count("num_attention_heads")
+    head_dim = f.count("head_dim", dim // heads)
+    if head_dim * heads != dim:
+        raise f.error("head_dim", f"= {head_dim} makes {heads} heads {head_dim * heads} wide, not hidden_size = "
+                                  f"{dim}: the workbench LM's heads split its width.")
+    return LMConfig(vocab_size=f.count("vocab_size"), seq_len=seq_len, dim=dim, num_layers=f.count("num_hidden_layers"),
+                    num_heads=heads, mlp_dim=f.count("intermediate_size"),
+                    tie_embeddings=f.flag("tie_word_embeddings", False))
 
 
 def lm_param_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
