@@ -307,3 +307,33 @@ def test_across_hosts_the_profile_is_of_a_remote_rank_on_the_busiest_host(monkey
         assert (asked[-1]["ranks_per_host"], asked[-1]["remote_ranks"]) == (busiest, True), slots
     advise_plan(dict(VALIDATION_MODEL), num_ranks=2, **kw)
     assert (asked[-1]["ranks_per_host"], asked[-1]["remote_ranks"]) == (2, False)
+
+
+def test_a_repeat_says_whether_the_pick_is_faster_within_noise_or_slower():
+    """Each validated plan is measured twice; the pick against the runner-up is 'within noise' where their steps
+    differ by no more than the larger spread of either one's runs, else faster or slower; unsaid without a repeat."""
+    from workbench.studies.planner.cli import format_validation
+    from workbench.studies.planner.validate import Validated, Validation
+
+    pick, runner = advise(2**40).candidates[:2]
+
+    def made(c, role, *times):
+        return Validated(candidate=c, role=role, run_id=f"{role}-0", status="done", measured_step_s=sum(times) / len(times),
+                         measured_sync_s=None, measured_peak_bytes=c.predicted_peak_bytes, peak_source="mx.get_peak_memory",
+                         repeat_step_s=times, repeat_run_ids=tuple(f"{role}-{i}" for i in range(len(times))))
+
+    cases = [((0.100, 0.104), (0.110, 0.112), "faster"), ((0.100, 0.120), (0.108, 0.112), "within noise"),
+             ((0.130, 0.131), (0.100, 0.101), "slower"), ((0.100,), (0.120,), None)]
+    for mine, theirs, said in cases:
+        validation = Validation((made(pick, "pick", *mine), made(runner, "runner-up", *theirs)))
+        assert validation.pick_against_runner_up == said, (mine, theirs)
+        assert validation.to_dict()["pick_against_runner_up"] == said
+        assert validation.runs[0].noise_s == (pytest.approx(max(mine) - min(mine)) if len(mine) > 1 else None)
+        text = format_validation(validation)
+        assert (f"the pick against the runner-up, repeated: {said}" in text) == (said is not None)
+        assert ("pick: done pick-0, pick-1" in text) == (len(mine) == 2)
+    from workbench.studies.planner import validate_plan
+
+    for bad in (0, True, 1.5):  # refused before anything runs
+        with pytest.raises(ValueError, match=rf"repeats={bad!r}: a whole number >= 1"):
+            validate_plan(advise(2**40), "never-made", repeats=bad)

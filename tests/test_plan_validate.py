@@ -2,7 +2,8 @@
 not fit and an FSDP plan does, at a bucket size other than the default. The advisor profiles the model, runs the
 placement's collective benchmark, picks, and runs the pick, the runner-up and the smallest whole-parameter plan
 as ordinary runs. Held: the pick fits, by the models and as measured; nothing ruled out is run; the runs are
-stored. Timings under load are not held here (benchmarks/bench_plan_advisor.py prints them)."""
+stored; each plan is measured twice, and whether the pick is faster than the runner-up, within noise of it or
+slower is said from both. Timings under load are not held here (benchmarks/bench_plan_advisor.py prints them)."""
 
 import json
 
@@ -56,4 +57,16 @@ def check_plan_validate(runs, capsys, where: list, placement: dict, tmp_path, la
         assert record["status"] == "done" and record["spec"]["strategy"] == v["strategy"]  # an ordinary run
     assert validated[0]["measured_peak_bytes"] <= budget  # the pick fits as measured, not only as predicted
     assert set(out["predicted_order"]) == set(out["measured_order"]) == {v["role"] for v in validated}
+    # measured twice, the repeat in reverse order as runs of their own: the pick against the runner-up is said
+    for v in validated:
+        assert len(v["repeat_run_ids"]) == len(set(v["repeat_run_ids"])) == 2 and v["repeat_run_ids"][0] == v["run_id"]
+        assert all(RunStore(runs).load_record(r)["status"] == "done" for r in v["repeat_run_ids"])
+        assert len(v["repeat_step_s"]) == 2 and v["noise_s"] == max(v["repeat_step_s"]) - min(v["repeat_step_s"])
+        assert min(v["repeat_step_s"]) <= v["measured_step_s"] <= max(v["repeat_step_s"])  # their steps pooled
+    pick, other = (next(v for v in validated if v["role"] == role) for role in ("pick", "runner-up"))
+    gap, noise = abs(pick["measured_step_s"] - other["measured_step_s"]), max(pick["noise_s"], other["noise_s"])
+    faster = "faster" if pick["measured_step_s"] < other["measured_step_s"] else "slower"
+    assert out["pick_against_runner_up"] == ("within noise" if gap <= noise else faster), (pick, other)
+    print(json.dumps({v["role"]: [v["predicted_step_s"], v["measured_step_s"], v["noise_s"]] for v in validated}),
+          out["pick_against_runner_up"])
     return out

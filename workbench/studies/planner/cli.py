@@ -73,6 +73,8 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, memory_required: bool) -> 
     p.add_argument("--margin", type=float, default=None, help="share of the budget a plan keeps free (default 0.1)")
     p.add_argument("--runs", type=Path, default=Path("runs") / "plan", help="run store (default runs/plan)")
     p.add_argument("--steps", type=int, default=8, help="steps of each validation run (default 8)")
+    p.add_argument("--repeat", type=int, default=2, help="runs of each validated plan, each repeat in reverse order "
+                                                         "(default 2: says whether the pick is within noise)")
     p.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     p.set_defaults(notebooks=[])
 
@@ -129,7 +131,8 @@ def run_plan(args) -> int:
                          memory_bytes=args.memory, global_batch=batch, seq_len=args.seq_len,
                          vocab_size=args.vocab_size, framework=args.framework, runs_root=args.runs,
                          safety_margin=SAFETY_MARGIN if args.margin is None else args.margin)
-    validation = validate_plan(advice, args.runs, steps=args.steps, hosts=args.hosts, launcher=args.launcher) \
+    validation = validate_plan(advice, args.runs, steps=args.steps, repeats=args.repeat, hosts=args.hosts,
+                               launcher=args.launcher) \
         if args.validate else None
     if args.json:
         print(json.dumps(plan_json(advice, validation), indent=1))
@@ -173,6 +176,6 @@ def format_validation(validation) -> str:
     table = validation_table(validation).drop(columns="run").reset_index()
     left = {col: f"{{:<{max(len(col), table[col].astype(str).str.len().max())}}}".format
             for col in ("role", "plan", "off")}
-    runs = [f"{v.role}: {v.status} {v.run_id}" for v in validation.runs]
+    runs = [f"{v.role}: {v.status} {', '.join(v.repeat_run_ids or (v.run_id,))}" for v in validation.runs]
     return "\n".join([table.to_string(index=False, formatters=left, justify="left", na_rep="-"), *runs, order_line(validation)])
 

@@ -33,6 +33,7 @@ def validation_table(validation) -> pd.DataFrame:
                      "step ms predicted": round(c.predicted_step_s * 1e3, 2),
                      "step ms measured": None if v.measured_step_s is None else round(v.measured_step_s * 1e3, 2),
                      "step error": None if v.step_error is None else f"{v.step_error:+.0%}",
+                     "noise ms": None if v.noise_s is None else round(v.noise_s * 1e3, 2),
                      "peak MiB predicted": round(c.predicted_peak_bytes / MiB, 1),
                      "peak MiB measured": None if v.measured_peak_bytes is None
                      else round(v.measured_peak_bytes / MiB, 1),
@@ -42,11 +43,13 @@ def validation_table(validation) -> pd.DataFrame:
 
 
 def order_line(validation) -> str:
-    """The predicted and measured orders of the validated plans, whether they agree, and whether the pick
-    measured fastest."""
+    """The predicted and measured orders of the validated plans, whether they agree, whether the pick measured
+    fastest, and, repeated, whether it is faster than the runner-up, within noise of it, or slower."""
+    against = validation.pick_against_runner_up
     return (f"predicted order: {', '.join(validation.predicted_order)}; measured: "
             f"{', '.join(validation.measured_order or ['-'])}; agree: {validation.order_agrees}; "
-            f"pick measured fastest: {validation.pick_measured_fastest}")
+            f"pick measured fastest: {validation.pick_measured_fastest}"
+            + (f"; the pick against the runner-up, repeated: {against}" if against else ""))
 
 
 def strategy_table(advice) -> pd.DataFrame:

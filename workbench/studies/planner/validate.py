@@ -5,6 +5,11 @@ the smallest plan that keeps the parameters whole); :func:`validate_plan` runs t
 (:func:`workbench.launch.sweep.run_specs`, locally or on the hosts) and reads back each one's measured step
 time (the slowest rank's median after warm-up) and peak per rank (the largest rank's ``measured_memory``
 peak). Where a prediction misses its 10% target, :func:`off_terms` names the term of the model that was off.
+
+A repeat measures every plan again, in the reverse order (what drifts on the machine falls on each plan alike),
+as a run of its own (the same plan, its batches drawn with the next ``data_seed``): each plan's step is the median
+of its runs' steps pooled, and its noise the spread of its runs' medians. Whether the pick is faster than the
+runner-up, within noise of it, or slower (:attr:`Validation.pick_against_runner_up`) is said from those.
 """
 
 from __future__ import annotations
@@ -41,6 +46,14 @@ class Validated:
     measured_peak_bytes: int | None
     peak_source: str | None
     off: tuple[str, ...] = ()
+    repeat_step_s: tuple[float | None, ...] = ()
+    repeat_run_ids: tuple[str, ...] = ()
+
+    @property
+    def noise_s(self) -> float | None:
+        """The spread of its runs' step medians (largest - smallest); None with fewer than two."""
+        times = [t for t in self.repeat_step_s if t is not None]
+        return max(times) - min(times) if len(times) >= 2 else None
 
     @property
     def step_error(self) -> float | None:
@@ -57,7 +70,9 @@ class Validated:
         return {**self.candidate.to_dict(), "role": self.role, "run_id": self.run_id, "status": self.status,
                 "measured_step_s": self.measured_step_s, "measured_sync_s": self.measured_sync_s,
                 "measured_peak_bytes": self.measured_peak_bytes, "peak_source": self.peak_source,
-                "step_error": self.step_error, "peak_error": self.peak_error, "off": list(self.off)}
+                "step_error": self.step_error, "peak_error": self.peak_error, "off": list(self.off),
+                "repeat_step_s": list(self.repeat_step_s), "repeat_run_ids": list(self.repeat_run_ids),
+                "noise_s": self.noise_s}
 
 
 def validation_plans(advice: PlanAdvice) -> list[tuple[str, Candidate]]:
@@ -75,21 +90,23 @@ def validation_plans(advice: PlanAdvice) -> list[tuple[str, Candidate]]:
     return chosen
 
 
-def measured(root: Path, run_id: str) -> tuple[float | None, float | None, int | None, str | None]:
-    """A stored run's step and sync seconds (the slowest rank's, median after warm-up) and its largest peak."""
-    record = RunStore(root).load_record(run_id) or {}
-    rows = read_steps(root / run_id / "steps.jsonl") if (root / run_id / "steps.jsonl").is_file() else []
+def measured(root: Path, *run_ids: str) -> tuple[float | None, float | None, int | None, str | None]:
+    """Stored runs' step and sync seconds (each step's slowest rank; the median of every run's steps after warm-up,
+    pooled) and their largest peak."""
+    rows = [(run_id, r) for run_id in run_ids if (root / run_id / "steps.jsonl").is_file()
+            for r in read_steps(root / run_id / "steps.jsonl")]
 
     def median(column: str) -> float | None:
-        by_step: dict[int, float] = {}
-        for r in rows:
+        by_step: dict[tuple[str, int], float] = {}
+        for run_id, r in rows:
             if r.get(column) is not None:
-                by_step[r["step"]] = max(by_step.get(r["step"], 0.0), float(r[column]))
-        kept = [v for s, v in by_step.items() if s >= WARMUP_STEPS] or list(by_step.values())
+                by_step[run_id, r["step"]] = max(by_step.get((run_id, r["step"]), 0.0), float(r[column]))
+        kept = [v for (_, s), v in by_step.items() if s >= WARMUP_STEPS] or list(by_step.values())
         return statistics.median(kept) if kept else None
 
     # a JAX rank's truth (VmHWM) where it read one, else what it stored (studies.memory.measured_peak)
-    peaks = [measured_peak(r["measured_memory"])[:2] for r in (record.get("summary") or {}).get("ranks") or []
+    peaks = [measured_peak(r["measured_memory"])[:2] for run_id in run_ids
+             for r in ((RunStore(root).load_record(run_id) or {}).get("summary") or {}).get("ranks") or []
              if (r.get("measured_memory") or {}).get("peak")]
     peak, source = max(peaks) if peaks else (None, None)
     return median("step_time_s"), median("sync_time_s"), peak, source
@@ -121,32 +138,38 @@ def off_terms(c: Candidate, step_s: float | None, sync_s: float | None, peak: in
     return tuple(out)
 
 
-def validate_plan(advice: PlanAdvice, runs_root: str | Path, *, steps: int = 8, hosts: Any = None,
+def validate_plan(advice: PlanAdvice, runs_root: str | Path, *, steps: int = 8, repeats: int = 2, hosts: Any = None,
                   launcher: str = "ssh", step_timeout_s: float = 120.0, timeout_s: float = 900.0) -> "Validation":
     """Run :func:`validation_plans` for ``steps`` steps each under ``runs_root`` (ordinary runs; one already stored
-    is read, not run again) and set each beside its prediction.
+    is read, not run again), ``repeats`` times (each repeat in the reverse order of the one before, with the next
+    ``data_seed``), and set each beside its prediction.
 
     Raises:
-        ValueError: nothing fits, so nothing is run.
+        ValueError: nothing fits, so nothing is run; ``repeats`` is not a whole number >= 1.
     """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: a whole number >= 1 (2 or more says whether the pick is within noise)")
     plans = validation_plans(advice)
     if not plans:
         raise ValueError("no plan fits the memory budget, so none is run: raise --memory, or lower the global batch")
     root = Path(runs_root)
-    specs = [replace(c.spec, steps=steps) for _, c in plans]
+    specs = [[replace(c.spec, steps=steps, data_seed=c.spec.data_seed + r) for _, c in plans] for r in range(repeats)]
+    order = [(r, i) for r in range(repeats) for i in (range(len(plans)) if r % 2 == 0 else reversed(range(len(plans))))]
     kwargs = dict(step_timeout_s=step_timeout_s, timeout_s=timeout_s)
     if hosts is not None:
         kwargs.update(hosts=hosts, launcher=launcher)
-    outcomes = run_specs(specs, root, **kwargs)
+    outcomes = dict(zip(order, run_specs([specs[r][i] for r, i in order], root, **kwargs)))
     out = []
-    for (role, c), spec, outcome in zip(plans, specs, outcomes):
-        run_id = run_id_for(spec.to_dict())
-        step_s, sync_s, peak, source = measured(root, run_id)
-        status = "done" if outcome.status in ("done", "skipped") else outcome.status
-        c = replace(c, spec=spec)
-        out.append(Validated(candidate=c, role=role, run_id=run_id, status=status, measured_step_s=step_s,
-                             measured_sync_s=sync_s, measured_peak_bytes=None if peak is None else int(peak),
-                             peak_source=source, off=off_terms(c, step_s, sync_s, peak)))
+    for i, (role, c) in enumerate(plans):
+        run_ids = tuple(run_id_for(specs[r][i].to_dict()) for r in range(repeats))
+        step_s, sync_s, peak, source = measured(root, *run_ids)
+        failed = [outcomes[r, i].status for r in range(repeats) if outcomes[r, i].status not in ("done", "skipped")]
+        c = replace(c, spec=specs[0][i])
+        out.append(Validated(candidate=c, role=role, run_id=run_ids[0], status=failed[0] if failed else "done",
+                             measured_step_s=step_s, measured_sync_s=sync_s,
+                             measured_peak_bytes=None if peak is None else int(peak), peak_source=source,
+                             off=off_terms(c, step_s, sync_s, peak), repeat_run_ids=run_ids,
+                             repeat_step_s=tuple(measured(root, run_id)[0] for run_id in run_ids)))
     return Validation(tuple(out))
 
 
@@ -177,7 +200,22 @@ class Validation:
         m = self.measured_order
         return None if m is None else m[0] == "pick"
 
+    @property
+    def pick_against_runner_up(self) -> str | None:
+        """``"faster"``, ``"within noise"`` or ``"slower"``: the pick's measured step against the runner-up's, where
+        both were repeated; within noise where they differ by no more than the larger spread of either one's runs.
+        None without a runner-up, a time, or a repeat."""
+        roles = {v.role: v for v in self.runs}
+        pick, other = roles.get("pick"), roles.get("runner-up")
+        if pick is None or other is None or None in (pick.measured_step_s, other.measured_step_s, pick.noise_s,
+                                                      other.noise_s):
+            return None
+        if abs(pick.measured_step_s - other.measured_step_s) <= max(pick.noise_s, other.noise_s):
+            return "within noise"
+        return "faster" if pick.measured_step_s < other.measured_step_s else "slower"
+
     def to_dict(self) -> dict:
         return {"validated": [v.to_dict() for v in self.runs], "predicted_order": self.predicted_order,
                 "measured_order": self.measured_order, "order_agrees": self.order_agrees,
-                "pick_measured_fastest": self.pick_measured_fastest}
+                "pick_measured_fastest": self.pick_measured_fastest,
+                "pick_against_runner_up": self.pick_against_runner_up}
