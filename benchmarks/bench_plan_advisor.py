@@ -1,6 +1,8 @@
 """The plan advisor against real runs (issue 27): for each model and rank count, its pick, predicted against
 measured step time and peak of the validated plans (the pick, the runner-up and DDP or the smallest
-whole-parameter plan), and whether the measured order of step times agrees with the predicted one.
+whole-parameter plan), each measured twice (the noise: how far its two runs' medians lie apart), whether the
+measured order of step times agrees with the predicted one, and whether the pick is faster than the runner-up,
+within noise of it, or slower.
 
 Each case's budget is chosen so the model must matter: where DDP's smallest plan needs more memory than FSDP's,
 the budget lies between them (DDP does not fit, an FSDP plan does); where it does not (activations dominate),
@@ -64,7 +66,7 @@ def run_case(name: str, ranks: int | None, runs: Path, steps: int, global_batch:
     check = validate_plan(advice, runs, steps=steps, hosts=hosts, launcher=launcher)
     table = validation_table(check).drop(columns="run").reset_index().fillna("-")
     rows = [f"| {name} | {ranks} | {budget / MiB:.1f} ({how}) | {r['role']}: {r['plan']} | "
-            f"{r['step ms predicted']} / {r['step ms measured']} ({r['step error']}) | "
+            f"{r['step ms predicted']} / {r['step ms measured']} ({r['step error']}; noise {r['noise ms']}) | "
             f"{r['peak MiB predicted']} / {r['peak MiB measured']} ({r['peak error']}) | {r['off']} |"
             for r in table.to_dict("records")]
     rows.append(f"| {name} | {ranks} | | {order_line(check)} | | | links: {advice.links_source} |")

@@ -337,3 +337,17 @@ def test_a_repeat_says_whether_the_pick_is_faster_within_noise_or_slower():
     for bad in (0, True, 1.5):  # refused before anything runs
         with pytest.raises(ValueError, match=rf"repeats={bad!r}: a whole number >= 1"):
             validate_plan(advise(2**40), "never-made", repeats=bad)
+
+
+def test_a_validated_plan_that_failed_is_shown_not_measured_never_within():
+    from dataclasses import replace
+
+    from workbench.studies.planner.tables import validation_table
+    from workbench.studies.planner.validate import Validated, Validation
+
+    pick = advise(2**40).candidates[0]
+    done = Validated(candidate=pick, role="pick", run_id="run-pick", status="done", measured_step_s=pick.predicted_step_s,
+                     measured_sync_s=None, measured_peak_bytes=pick.predicted_peak_bytes, peak_source="mx.get_peak_memory")
+    failed = replace(done, status="failed", measured_step_s=None, measured_peak_bytes=None)
+    assert validation_table(Validation((done,))).loc["pick", "off"] == "within 10%"
+    assert validation_table(Validation((failed,))).loc["pick", "off"] == "not measured: failed"

@@ -233,8 +233,21 @@ def fully_shard_units(model: nn.Module, group: Any = None, *, units: list[str] |
     for name in plan_fully_shard(spec, group.size(), units=units).wrap_order:
         if name != ROOT:
             modules = dict(model.named_modules())
-            _set_module(model, name, nn.fully_shard(modules[name], group=group, compute_dtype=compute_dtype))
-    return nn.fully_shard(model, group=group, compute_dtype=compute_dtype)
+            _set_module(model, name, _wrap(modules[name], group, compute_dtype))
+    return _wrap(model, group, compute_dtype)
+
+
+def _wrap(module: nn.Module, group: Any, compute_dtype: Any) -> nn.Module:
+    """``nn.fully_shard(module)``, carrying the module's plain attributes (booleans, numbers, strings) that the
+    wrapper lacks: MLX's ``FullyShardedModule`` does not read through to them, and a model may read its blocks'
+    (mlx-lm's Llama reads each layer's ``use_sliding`` in its forward: wrapped, every rank failed with
+    AttributeError)."""
+    wrapper = nn.fully_shard(module, group=group, compute_dtype=compute_dtype)
+    if wrapper is not module:
+        for key, value in vars(module).items():
+            if not key.startswith("_") and isinstance(value, (bool, int, float, str)) and not hasattr(wrapper, key):
+                setattr(wrapper, key, value)
+    return wrapper
 
 
 def unwrap_path(model: nn.Module, path: str) -> tuple[str, bool]:

@@ -38,7 +38,8 @@ def validation_table(validation) -> pd.DataFrame:
                      "peak MiB measured": None if v.measured_peak_bytes is None
                      else round(v.measured_peak_bytes / MiB, 1),
                      "peak error": None if v.peak_error is None else f"{v.peak_error:+.0%}",
-                     "off": "; ".join(v.off) or "within 10%", "run": v.run_id})
+                     "off": "; ".join(v.off) or ("within 10%" if v.status == "done" else f"not measured: {v.status}"),
+                     "run": v.run_id})
     return pd.DataFrame(rows).set_index("role")
 
 
