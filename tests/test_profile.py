@@ -332,11 +332,11 @@ def test_a_profile_keeps_the_trainers_step_and_its_overhead_beyond_the_parts_it_
 
 def test_the_key_holds_the_records_version_and_the_processes_that_measured_at_once():
     """A profile stored by the code before the trainer's step was timed (version 1), or before JAX's whole step was
-    measured (2), or before MLX's activations with each block recomputed were (4), is never found under today's
-    key: it is measured again, not read as if it held the overhead, the update beside backward or the recomputed
-    blocks (the old file is left where it was)."""
+    measured (2), or before MLX's activations with each block recomputed were (4), or before JAX's plan on a mesh
+    was (5), is never found under today's key: it is measured again, not read as if it held the overhead, the
+    update beside backward, the recomputed blocks or the mesh plan (the old file is left where it was)."""
     fields = profile_key_fields(RunSpec(model=LM), 1)
-    assert fields["profile_version"] == PROFILE_VERSION == 5 and fields["co_runners"] == 1
+    assert fields["profile_version"] == PROFILE_VERSION == 6 and fields["co_runners"] == 1
     old = {k: v for k, v in fields.items() if k not in ("profile_version", "co_runners")}
     assert profile_key(old) != profile_key(fields)
     assert profile_key(profile_key_fields(RunSpec(model=LM), 1, 2)) != profile_key(fields)
@@ -390,3 +390,27 @@ def test_a_profile_for_ranks_on_other_hosts_is_keyed_by_the_blas_they_run():
     here = profile_key_fields(spec, 1, 1, {BLAS_ENV: "openblas"})
     assert here["blas"] == expected_blas({BLAS_ENV: "openblas"})
     assert (profile_key(there) == profile_key(here)) == (there["blas"] == here["blas"])
+
+
+def test_a_jax_run_of_two_or_more_ranks_takes_the_truth_scaled_to_xlas_plan_on_a_mesh(tmp_path):
+    """XLA plans a rank's step on a mesh of two devices below the one-device program the profile runs (a
+    Qwen3-shaped LM at 8 sequences: 20.3 MiB against 24.3-24.6); the truth, size by size, is scaled by the two
+    plans' ratio for a run of two or more ranks, and taken as measured for one rank."""
+    from workbench.runs.spec import VALIDATION_MODEL
+
+    two = RunSpec(framework="jax", strategy="fsdp-row", model=VALIDATION_MODEL, global_batch=16, num_ranks=2)
+    one = RunSpec(**{**two.to_dict(), "num_ranks": 1, "global_batch": 8})
+    plans = {"plan_activation_bytes": [10_000, 20_000, 50_000], "mesh_plan_activation_bytes": [10_000, 20_000, 40_000]}
+    profile = profile_from_measurements(measured(**plans), profile_key_fields(two, 1), cost_s=1.0)
+    truth = [max(s) for s in profile.activation_samples]  # 11,000, 21,000, 41,000
+    assert profile.mesh_activation_fit == fit_linear([2, 4, 8], [truth[0], truth[1], truth[2] * 0.8], what="x")
+    assert profile.activation_bytes_at(8, 2) < profile.activation_bytes_at(8) == round(profile.activation_fit.at(8))
+    at_two = estimate_with_profile(two, profile)
+    assert at_two["activations"] == profile.activation_bytes_at(8, 2)
+    assert "XLA's plan on a mesh of two" in next(c.formula for c in at_two.components if c.name == "activations")
+    assert estimate_with_profile(one, profile)["activations"] == profile.activation_bytes_at(8)
+    assert load_profile(save_profile(tmp_path / "p.json", profile)).mesh_plan_activation_bytes == (10_000, 20_000, 40_000)
+    for missing in (None, [10_000, 0, 40_000]):  # not compiled (one device), or a plan of nothing: the truth as read
+        unscaled = profile_from_measurements(measured(**{**plans, "mesh_plan_activation_bytes": missing}),
+                                             profile_key_fields(two, 1), cost_s=1.0)
+        assert unscaled.mesh_activation_fit is None and unscaled.activation_bytes_at(8, 2) == unscaled.activation_bytes_at(8)

@@ -66,8 +66,16 @@ def test_a_real_profile_measures_activations_that_grow_with_the_micro_batch(tmp_
     if framework == "jax":  # the plan beside the truth (VmHWM), which it should not be far from
         assert profile.truth_source.startswith("VmHWM")
         assert len(profile.plan_activation_bytes) == 2 and all(p > 0 for p in profile.plan_activation_bytes)
+        # and XLA's plan of the same on a mesh of two devices, as a rank of two compiles it: the line a run of two
+        # takes scales the truth by it, size by size
+        assert len(profile.mesh_plan_activation_bytes) == 2 and all(p > 0 for p in profile.mesh_plan_activation_bytes)
+        scaled = [max(s) * m / p for s, p, m in zip(profile.activation_samples, profile.plan_activation_bytes,
+                                                    profile.mesh_plan_activation_bytes)]
+        assert profile.activation_bytes_at(4, 2) == round(scaled[1]) and profile.activation_bytes_at(4) == max(
+            profile.activation_samples[1])
     else:
         assert profile.plan_activation_bytes is None and profile.cost_peak_array_bytes > profile.parameter_bytes
+        assert profile.mesh_activation_fit is None and profile.activation_bytes_at(4, 2) == profile.activation_bytes_at(4)
     path = profile_path(tmp_path, profile.key_fields)
     assert load_profile(path) == profile and path.parent == tmp_path / ".profiles"
 
@@ -101,9 +109,9 @@ def test_an_attention_models_peak_on_two_ranks_is_its_profiles_prediction_within
     """Every rank of the example factory's runs, MLX and JAX, held to 10% of the peak its profile predicts; the
     closed formula's logits-only estimate was 3x or more below each. MLX's full sharding wraps the model's `blocks`
     (the units its plan counts), not the whole model: its peak was 48.1 MiB as one unit, 1.11x a prediction from
-    the kept activations; it is 36.0, and the profile's ZeRO-3 step on one rank predicts it (1.02). JAX's fsdp-row
-    and -flat read 0.92-0.93: XLA's plan of the step is within 2% of the truth, and the profile's activations at 8
-    sequences are about 3 MiB (of 43) over what the step holds."""
+    the kept activations; it is 36.0, and the profile's ZeRO-3 step on one rank predicts it (1.02). JAX's peaks
+    read 0.92-0.98 of a prediction from the one-device truth: XLA plans a rank's step on a mesh of two below the
+    one-device program, and the profile's plan on a mesh scales it (1.01-1.06)."""
     roots, profiles = attention_runs
     rows = []
     for framework, root in roots.items():

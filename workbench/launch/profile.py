@@ -86,8 +86,8 @@ def profile_model(spec: Any, runs_root: str | Path, *, micro_batch_sizes: Sequen
         raise ValueError(f"repeats={repeats!r}: an integer >= 1")
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s={timeout_s!r}: a number of seconds > 0")
-    if spec.framework == "jax":  # as plan_launch gives a JAX rank: one CPU device, unless a platform is chosen
-        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    if spec.framework == "jax":  # a JAX rank's one CPU device, and a second for XLA's plan of the step on a mesh
+        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2",
                    JAX_PLATFORMS=env.get("JAX_PLATFORMS") or "cpu")
     else:  # as plan_launch gives an MLX rank on this machine: OpenBLAS where it can be had
         env.update(mlx_rank_env(env))

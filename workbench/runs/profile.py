@@ -41,7 +41,7 @@ STEP_SAMPLES = ("step_s_samples", "step_bare_s_samples", "step_update_s_samples"
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
 #: The record's layout and what its times mean (in the key; another version's file is refused, naming it).
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 
 
 class ProfileError(ValueError):
@@ -115,6 +115,10 @@ class ModelProfile:
         parameter_bytes, gradient_bytes, optimizer_state_bytes: The whole model's, on the profiling process.
         update_s: The optimizer's update of the whole model, seconds (median).
         plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
+        mesh_plan_activation_bytes: JAX: per size, XLA's plan per device of the same on a mesh of two devices, as a
+            rank of a run of two or more has (XLA plans it differently: 20.6 MiB against 24.6 on one device, at 8
+            sequences of a Qwen3-shaped LM); None where not compiled. :meth:`activation_bytes_at` for such a run
+            scales each size's truth by the two plans' ratio.
         cost_s: Wall seconds the profile took (process start, imports, compilation, measurements).
         cost_peak_rss_bytes: The profiling process's peak resident memory.
         cost_peak_array_bytes: MLX: the largest ``mx.get_peak_memory`` seen; JAX: None.
@@ -143,7 +147,9 @@ class ModelProfile:
     co_runners: int = 1
     update_beside_backward_bytes: int | None = None
     zero3_rise_samples: tuple[tuple[int, ...], ...] | None = None
+    mesh_plan_activation_bytes: tuple[int | None, ...] | None = None
     activation_fit: LinearFit = field(init=False)
+    mesh_activation_fit: LinearFit | None = field(init=False)
     zero3_rise_fit: LinearFit | None = field(init=False)
     compute_fit: LinearFit = field(init=False)
     forward_fit: LinearFit | None = field(init=False)
@@ -156,6 +162,12 @@ class ModelProfile:
             sizes, [max(s) for s in self.activation_samples], what="activation_bytes"))
         object.__setattr__(self, "compute_fit", fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in self.compute_s_samples], what="compute_s"))
+        one, mesh = self.plan_activation_bytes, self.mesh_plan_activation_bytes
+        scaled = mesh is not None and one is not None and len(mesh) == len(one) == len(sizes) and all(
+            a and b and a > 0 and b > 0 for a, b in zip(one, mesh))
+        object.__setattr__(self, "mesh_activation_fit", fit_linear(
+            sizes, [max(s) * b / a for s, a, b in zip(self.activation_samples, one, mesh)],
+            what="activation_bytes") if scaled else None)
         zero3 = self.zero3_rise_samples
         if zero3 is not None and len(zero3) != len(sizes):
             raise ValueError(f"a profile's zero3_rise_samples need one row for each of the sizes {list(sizes)}")
@@ -186,9 +198,11 @@ class ModelProfile:
         """Seconds of the optimizer's update per byte of parameters updated."""
         return self.update_s / self.parameter_bytes if self.parameter_bytes else 0.0
 
-    def activation_bytes_at(self, micro_batch_size: int) -> int:
-        """Activation bytes of one micro-batch of ``micro_batch_size`` sequences, from the fitted line (>= 0)."""
-        return max(0, round(self.activation_fit.at(micro_batch_size)))
+    def activation_bytes_at(self, micro_batch_size: int, num_ranks: int = 1) -> int:
+        """Activation bytes of one micro-batch of ``micro_batch_size`` sequences, from the fitted line (>= 0); for a
+        run of ``num_ranks`` > 1, the line of the truth scaled to XLA's plan on a mesh, where the profile has one."""
+        fit = self.mesh_activation_fit if num_ranks > 1 and self.mesh_activation_fit is not None else self.activation_fit
+        return max(0, round(fit.at(micro_batch_size)))
 
     def compute_s_at(self, micro_batch_size: int) -> float:
         """Forward and backward seconds of one micro-batch of ``micro_batch_size`` sequences (>= 0)."""
@@ -221,8 +235,8 @@ class ModelProfile:
                "forward_s_samples": None if self.forward_s_samples is None else [list(s) for s in self.forward_s_samples],
                **{name: None if getattr(self, name) is None else list(getattr(self, name))
                   for name in STEP_SAMPLES},
-               "plan_activation_bytes": None if self.plan_activation_bytes is None
-               else list(self.plan_activation_bytes)}
+               **{name: None if getattr(self, name) is None else list(getattr(self, name))
+                  for name in ("plan_activation_bytes", "mesh_plan_activation_bytes")}}
         for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "update_s", "truth_source",
                      "cost_s", "cost_peak_rss_bytes", "cost_peak_array_bytes", "versions", "cores", "co_runners",
                      "step_overhead_s", "update_beside_backward_bytes"):
@@ -242,8 +256,8 @@ def profile_from_measurements(measured: Mapping[str, Any], key_fields: Mapping[s
         parameter_bytes=int(measured["parameter_bytes"]), gradient_bytes=int(measured["gradient_bytes"]),
         optimizer_state_bytes=int(measured["optimizer_state_bytes"]), update_s=float(measured["update_s"]),
         truth_source=str(measured["truth_source"]),
-        plan_activation_bytes=None if measured.get("plan_activation_bytes") is None
-        else tuple(measured["plan_activation_bytes"]),
+        **{name: None if measured.get(name) is None else tuple(measured[name])
+           for name in ("plan_activation_bytes", "mesh_plan_activation_bytes")},
         cost_s=float(cost_s), cost_peak_rss_bytes=int(measured["peak_rss_bytes"]),
         cost_peak_array_bytes=measured.get("peak_array_bytes"), versions=dict(measured.get("versions") or {}),
         forward_s_samples=None if measured.get("forward_s_samples") is None
