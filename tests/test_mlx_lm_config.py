@@ -146,3 +146,9 @@ def test_the_workbench_lm_takes_a_configs_shape_for_the_jax_side_of_its_runs(tmp
             lm_config_from_hf(tmp_path, seq_len=32)  # a folder holding config.json, as a local snapshot
     with pytest.raises(ValueError, match="seq_len"):
         lm_config_from_hf(raw, seq_len=0)
+    raw_heads = {**raw, "num_attention_heads": 5}
+    raw_heads.pop("head_dim", None)
+    with pytest.raises(ValueError, match="field 'num_attention_heads' = 5 does not divide hidden_size = 64"):
+        lm_config_from_hf(raw_heads, seq_len=32)
+    untied = {k: v for k, v in raw.items() if k != "tie_word_embeddings"}  # absent: the config class's default
+    assert lm_config_from_hf(untied, seq_len=32).tie_embeddings is False  # LlamaConfig's

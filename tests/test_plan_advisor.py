@@ -4,6 +4,7 @@ built here (real dataclasses: a ModelProfile from measurements, fitted AlphaBeta
 
 import functools
 import json
+from dataclasses import replace
 
 import plotly.graph_objects as go
 import pytest
@@ -351,3 +352,30 @@ def test_a_validated_plan_that_failed_is_shown_not_measured_never_within():
     failed = replace(done, status="failed", measured_step_s=None, measured_peak_bytes=None)
     assert validation_table(Validation((done,))).loc["pick", "off"] == "within 10%"
     assert validation_table(Validation((failed,))).loc["pick", "off"] == "not measured: failed"
+
+
+def test_the_repeat_runs_the_plans_again_in_reverse_order_with_the_next_data_seed(tmp_path, monkeypatch):
+    """What validate_plan asks the launcher to run, in order (the launcher replaced by a recorder whose runs all
+    fail: a plan any of whose runs failed is shown unmeasured, never with one run's figures)."""
+    from types import SimpleNamespace
+
+    import workbench.studies.planner.validate as validate
+    from workbench.studies.planner.validate import validate_plan, validation_plans
+
+    asked = []
+
+    def recorder(specs, root, **kwargs):
+        asked.extend(specs)
+        return [SimpleNamespace(status="failed") for _ in specs]
+
+    monkeypatch.setattr(validate, "run_specs", recorder)
+    advice = advise(2**40)
+    plans = [c.spec for _, c in validation_plans(advice)]
+    assert len(plans) >= 2
+    check = validate_plan(advice, tmp_path, steps=3, repeats=3)
+    seed = plans[0].data_seed
+    assert asked == [replace(p, steps=3, data_seed=seed + r) for r, order in
+                     ((0, plans), (1, plans[::-1]), (2, plans)) for p in order]
+    assert all(v.status == "failed" and v.measured_step_s is None and v.measured_peak_bytes is None
+               and v.repeat_step_s == (None,) * 3 for v in check.runs)
+    assert check.pick_against_runner_up is None

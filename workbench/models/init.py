@@ -28,6 +28,7 @@ import numpy as np
 
 from workbench.core.checks import integer
 from workbench.core.hf_config import load_hf_config
+from workbench.core.hf_families import FAMILIES
 from workbench.core.hf_fields import HFFields
 from workbench.core.specs import ModelSpec
 
@@ -97,19 +98,24 @@ def lm_config_from_hf(config, seq_len: int) -> LMConfig:
     Raises:
         ValueError: naming the field and the file, where ``hidden_size``, ``num_hidden_layers``,
             ``num_attention_heads``, ``intermediate_size`` or ``vocab_size`` is absent or not a positive integer,
-            ``tie_word_embeddings`` is not a boolean, or a ``head_dim`` given makes the heads other than
-            ``hidden_size`` wide.
+            ``tie_word_embeddings`` is not a boolean (absent: the config class's default for its ``model_type``),
+            ``num_attention_heads`` does not divide ``hidden_size``, or a ``head_dim`` given makes the heads other
+            than ``hidden_size`` wide.
     """
     raw, where = load_hf_config(config)
     f = HFFields(raw, where)
+    family = FAMILIES.get(raw.get("model_type")) if isinstance(raw.get("model_type"), str) else None
     dim, heads = f.count("hidden_size"), f.count("num_attention_heads")
+    if "head_dim" not in raw and dim % heads:
+        raise f.error("num_attention_heads", f"= {heads} does not divide hidden_size = {dim}: the workbench LM's "
+                                             "heads split its width.")
     head_dim = f.count("head_dim", dim // heads)
     if head_dim * heads != dim:
         raise f.error("head_dim", f"= {head_dim} makes {heads} heads {head_dim * heads} wide, not hidden_size = "
                                   f"{dim}: the workbench LM's heads split its width.")
     return LMConfig(vocab_size=f.count("vocab_size"), seq_len=seq_len, dim=dim, num_layers=f.count("num_hidden_layers"),
                     num_heads=heads, mlp_dim=f.count("intermediate_size"),
-                    tie_embeddings=f.flag("tie_word_embeddings", False))
+                    tie_embeddings=f.flag("tie_word_embeddings", family.tie_default if family else False))
 
 
 def lm_param_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:

@@ -117,7 +117,7 @@ class ModelProfile:
         plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
         mesh_plan_activation_bytes: JAX: per size, XLA's plan per device of the same on a mesh of two devices, as a
             rank of a run of two or more has (XLA plans it differently: 20.6 MiB against 24.6 on one device, at 8
-            sequences of a Qwen3-shaped LM); None where not compiled. :meth:`activation_bytes_at` for such a run
+            sequences of a Qwen3-shaped LM; the 2-device DDP step 20.3 against 24.3); None where not compiled. :meth:`activation_bytes_at` for such a run
             scales each size's truth by the two plans' ratio.
         cost_s: Wall seconds the profile took (process start, imports, compilation, measurements).
         cost_peak_rss_bytes: The profiling process's peak resident memory.
@@ -163,6 +163,8 @@ class ModelProfile:
         object.__setattr__(self, "compute_fit", fit_linear(
             sizes, [sorted(s)[len(s) // 2] for s in self.compute_s_samples], what="compute_s"))
         one, mesh = self.plan_activation_bytes, self.mesh_plan_activation_bytes
+        if mesh is not None and len(mesh) != len(sizes):
+            raise ValueError(f"a profile's mesh_plan_activation_bytes need one for each of the sizes {list(sizes)}")
         scaled = mesh is not None and one is not None and len(mesh) == len(one) == len(sizes) and all(
             a and b and a > 0 and b > 0 for a, b in zip(one, mesh))
         object.__setattr__(self, "mesh_activation_fit", fit_linear(

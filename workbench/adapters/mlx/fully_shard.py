@@ -23,6 +23,8 @@ not return within ``timeout_s`` ends the process with the same message rather th
 
 from __future__ import annotations
 
+import numbers
+
 import os
 import re
 import sys
@@ -238,14 +240,15 @@ def fully_shard_units(model: nn.Module, group: Any = None, *, units: list[str] |
 
 
 def _wrap(module: nn.Module, group: Any, compute_dtype: Any) -> nn.Module:
-    """``nn.fully_shard(module)``, carrying the module's plain attributes (booleans, numbers, strings) that the
+    """``nn.fully_shard(module)``, carrying a copy of the module's plain attributes (None, numbers, strings) that the
     wrapper lacks: MLX's ``FullyShardedModule`` does not read through to them, and a model may read its blocks'
     (mlx-lm's Llama reads each layer's ``use_sliding`` in its forward: wrapped, every rank failed with
     AttributeError)."""
     wrapper = nn.fully_shard(module, group=group, compute_dtype=compute_dtype)
     if wrapper is not module:
         for key, value in vars(module).items():
-            if not key.startswith("_") and isinstance(value, (bool, int, float, str)) and not hasattr(wrapper, key):
+            if not key.startswith("_") and (value is None or isinstance(value, (numbers.Number, str))) \
+                    and not hasattr(wrapper, key):
                 setattr(wrapper, key, value)
     return wrapper
 

@@ -162,14 +162,15 @@ def validate_plan(advice: PlanAdvice, runs_root: str | Path, *, steps: int = 8, 
     out = []
     for i, (role, c) in enumerate(plans):
         run_ids = tuple(run_id_for(specs[r][i].to_dict()) for r in range(repeats))
-        step_s, sync_s, peak, source = measured(root, *run_ids)
         failed = [outcomes[r, i].status for r in range(repeats) if outcomes[r, i].status not in ("done", "skipped")]
+        # a plan any of whose runs failed is not measured: one run's figures beside the others' would read as both
+        step_s, sync_s, peak, source = measured(root, *run_ids) if not failed else (None, None, None, None)
         c = replace(c, spec=specs[0][i])
         out.append(Validated(candidate=c, role=role, run_id=run_ids[0], status=failed[0] if failed else "done",
                              measured_step_s=step_s, measured_sync_s=sync_s,
                              measured_peak_bytes=None if peak is None else int(peak), peak_source=source,
                              off=off_terms(c, step_s, sync_s, peak), repeat_run_ids=run_ids,
-                             repeat_step_s=tuple(measured(root, run_id)[0] for run_id in run_ids)))
+                             repeat_step_s=tuple(None if failed else measured(root, run_id)[0] for run_id in run_ids)))
     return Validation(tuple(out))
 
 
