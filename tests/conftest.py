@@ -498,9 +498,12 @@ def pytest_sessionfinish(session):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """Fails the test's teardown if the test (its setup included) started a process unmarked. Recorded, not
-    refused: a process refused inside a library's thread (kaleido's Chromium) hung the test instead."""
+    refused: a process refused inside a library's thread (kaleido's Chromium) hung the test instead. After a
+    worker's last test (``nextitem`` None) its session's fixtures are torn down in this teardown too (the
+    multi-host rig's, which runs ``ip netns list``): there, what the test started before its teardown is its own."""
+    before = None if nextitem is not None else list(_started.get(item.nodeid) or [])
     result = yield
-    started = _started.get(item.nodeid)
+    started = _started.get(item.nodeid) if before is None else before
     if started and item.get_closest_marker(PROCESS) is None:
         raise UnmarkedProcessError(
             f"{item.nodeid} starts a process ({started[0]}) but is not marked 'process': name it in "
