@@ -86,8 +86,7 @@ def measure_jax(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         loss, grads = jax.block_until_ready(compiled(params, batch))  # the first call: not measured
         gradient_bytes = _nbytes(grads)
         del loss, grads
-        planned.append(None if stats is None else int(stats.output_size_in_bytes + stats.temp_size_in_bytes
-                                                      - stats.alias_size_in_bytes - gradient_bytes))
+        planned.append(plan_bytes(stats, gradient_bytes))
         mesh_planned.append(mesh_plan_bytes(loss_fn, params, batch, gradient_bytes))
         samples = []
         for _ in range(repeats):
@@ -164,7 +163,12 @@ def mesh_plan_bytes(loss_fn, params, batch, gradient_bytes: int) -> int | None:
                                     out_specs=(spec("ranks"), spec("ranks")), check_vma=False))
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
     rows = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((2 * a.shape[0], *a.shape[1:]), a.dtype), batch)
-    stats = program.lower(shapes, rows).compile().memory_analysis()
+    return plan_bytes(program.lower(shapes, rows).compile().memory_analysis(), gradient_bytes)
+
+
+def plan_bytes(stats, gradient_bytes: int) -> int | None:
+    """A compiled forward and backward's ``memory_analysis()``: its outputs and temporaries, less what aliases its
+    arguments and the gradients it returns (the estimate's states); None where XLA gave no analysis."""
     if stats is None:
         return None
     return int(stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes - gradient_bytes)

@@ -117,8 +117,8 @@ class ModelProfile:
         plan_activation_bytes: JAX: per size, XLA's ``memory_analysis()`` plan of the same; MLX: None.
         mesh_plan_activation_bytes: JAX: per size, XLA's plan per device of the same on a mesh of two devices, as a
             rank of a run of two or more has (XLA plans it differently: 20.6 MiB against 24.6 on one device, at 8
-            sequences of a Qwen3-shaped LM; the 2-device DDP step 20.3 against 24.3); None where not compiled. :meth:`activation_bytes_at` for such a run
-            scales each size's truth by the two plans' ratio.
+            sequences of a Qwen3-shaped LM; the 2-device DDP step 20.3 against 24.3); None where not compiled.
+            :meth:`activation_fit_for` such a run scales each size's truth by the two plans' ratio.
         cost_s: Wall seconds the profile took (process start, imports, compilation, measurements).
         cost_peak_rss_bytes: The profiling process's peak resident memory.
         cost_peak_array_bytes: MLX: the largest ``mx.get_peak_memory`` seen; JAX: None.
@@ -200,11 +200,13 @@ class ModelProfile:
         """Seconds of the optimizer's update per byte of parameters updated."""
         return self.update_s / self.parameter_bytes if self.parameter_bytes else 0.0
 
+    def activation_fit_for(self, num_ranks: int = 1) -> LinearFit:
+        """A run of ``num_ranks``'s activation line: above one, :attr:`mesh_activation_fit` where there is one."""
+        return self.mesh_activation_fit if num_ranks > 1 and self.mesh_activation_fit is not None else self.activation_fit
+
     def activation_bytes_at(self, micro_batch_size: int, num_ranks: int = 1) -> int:
-        """Activation bytes of one micro-batch of ``micro_batch_size`` sequences, from the fitted line (>= 0); for a
-        run of ``num_ranks`` > 1, the line of the truth scaled to XLA's plan on a mesh, where the profile has one."""
-        fit = self.mesh_activation_fit if num_ranks > 1 and self.mesh_activation_fit is not None else self.activation_fit
-        return max(0, round(fit.at(micro_batch_size)))
+        """Activation bytes of one micro-batch of ``micro_batch_size`` sequences on ``num_ranks`` ranks (>= 0)."""
+        return max(0, round(self.activation_fit_for(num_ranks).at(micro_batch_size)))
 
     def compute_s_at(self, micro_batch_size: int) -> float:
         """Forward and backward seconds of one micro-batch of ``micro_batch_size`` sequences (>= 0)."""

@@ -50,10 +50,10 @@ def estimate_with_profile(spec: Any, profile: ModelProfile, model_shapes: Any = 
     base = estimate_run_memory(fields, model_shapes)
     b = fields["global_batch"] // (fields["num_ranks"] * fields.get("num_microbatches", 1))
     activations = profile.activation_bytes_at(b, fields["num_ranks"])
-    meshed = fields["num_ranks"] > 1 and profile.mesh_activation_fit is not None
-    fit = profile.mesh_activation_fit if meshed else profile.activation_fit
+    fit = profile.activation_fit_for(fields["num_ranks"])
     how = (f"profiled: {fit.slope:,.0f} B x {b} sequences + {fit.intercept:,.0f} B"
-           + (" (the truth at XLA's plan on a mesh of two over its plan on one device)" if meshed else ""))
+           + (" (the truth at XLA's plan on a mesh of two over its plan on one device)"
+              if fit is profile.mesh_activation_fit else ""))
     if units_recomputed(fields) and profile.zero3_rise_fit is not None:
         one = estimate_run_memory({**fields, "num_ranks": 1, "global_batch": b * fields.get("num_microbatches", 1)},
                                   model_shapes)

@@ -242,17 +242,16 @@ def memory_estimates(model: YourModel, strategies: Sequence[str], num_shards: Se
     its precision (optimizer state too, no master copy, as its runs hold them), with activations: ``profile``'s at
     ``micro_batch`` sequences (measured), else the config's architecture's (Korthikanti et al., 16-bit activations
     scaled to the precision, no recomputation), else none (:meth:`YourModel.memory_title` says which)."""
-    if profile is not None:  # per N below: a JAX profile's line for a run of two or more is scaled to XLA's mesh plan
-        activations = None
-    elif model.architecture is not None:
-        activations = estimate_activation_bytes(seq_len=seq_len, micro_batch_size=micro_batch,
-                                                config=model.architecture) * DTYPE_BYTES[model.precision] // 2
-    else:
-        activations = 0
     shards = sorted({model.num_ranks, *num_shards})  # the runs' N is always among them
+    if profile is not None:  # per N: a JAX profile's line for a run of two or more is scaled to XLA's mesh plan
+        activations = {n: profile.activation_bytes_at(micro_batch, n) for n in shards}
+    elif model.architecture is not None:
+        activations = dict.fromkeys(shards, estimate_activation_bytes(
+            seq_len=seq_len, micro_batch_size=micro_batch, config=model.architecture) * DTYPE_BYTES[model.precision] // 2)
+    else:
+        activations = dict.fromkeys(shards, 0)
     return [estimate_memory(model.spec, s, n, param_dtype=model.precision, master_dtype=None,
-                            activation_bytes=profile.activation_bytes_at(micro_batch, n) if profile is not None
-                            else activations) for s in strategies for n in shards]
+                            activation_bytes=activations[n]) for s in strategies for n in shards]
 
 
 def parameters_table(model: YourModel) -> "pd.DataFrame":

@@ -24,7 +24,6 @@ not return within ``timeout_s`` ends the process with the same message rather th
 from __future__ import annotations
 
 import numbers
-
 import os
 import re
 import sys

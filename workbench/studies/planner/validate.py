@@ -90,16 +90,17 @@ def validation_plans(advice: PlanAdvice) -> list[tuple[str, Candidate]]:
     return chosen
 
 
-def measured(root: Path, *run_ids: str) -> tuple[float | None, float | None, int | None, str | None]:
+def measured(root: Path, *run_ids: str) -> tuple[float | None, float | None, int | None, str | None,
+                                               tuple[float | None, ...]]:
     """Stored runs' step and sync seconds (each step's slowest rank; the median of every run's steps after warm-up,
-    pooled) and their largest peak."""
+    pooled), their largest peak, and each run's own step median (its steps alone), read once."""
     rows = [(run_id, r) for run_id in run_ids if (root / run_id / "steps.jsonl").is_file()
             for r in read_steps(root / run_id / "steps.jsonl")]
 
-    def median(column: str) -> float | None:
+    def median(column: str, only: str | None = None) -> float | None:
         by_step: dict[tuple[str, int], float] = {}
         for run_id, r in rows:
-            if r.get(column) is not None:
+            if r.get(column) is not None and only in (None, run_id):
                 by_step[run_id, r["step"]] = max(by_step.get((run_id, r["step"]), 0.0), float(r[column]))
         kept = [v for (_, s), v in by_step.items() if s >= WARMUP_STEPS] or list(by_step.values())
         return statistics.median(kept) if kept else None
@@ -109,7 +110,8 @@ def measured(root: Path, *run_ids: str) -> tuple[float | None, float | None, int
              for r in ((RunStore(root).load_record(run_id) or {}).get("summary") or {}).get("ranks") or []
              if (r.get("measured_memory") or {}).get("peak")]
     peak, source = max(peaks) if peaks else (None, None)
-    return median("step_time_s"), median("sync_time_s"), peak, source
+    return (median("step_time_s"), median("sync_time_s"), peak, source,
+            tuple(median("step_time_s", run_id) for run_id in run_ids))
 
 
 def off_terms(c: Candidate, step_s: float | None, sync_s: float | None, peak: int | None) -> tuple[str, ...]:
@@ -164,13 +166,17 @@ def validate_plan(advice: PlanAdvice, runs_root: str | Path, *, steps: int = 8, 
         run_ids = tuple(run_id_for(specs[r][i].to_dict()) for r in range(repeats))
         failed = [outcomes[r, i].status for r in range(repeats) if outcomes[r, i].status not in ("done", "skipped")]
         # a plan any of whose runs failed is not measured: one run's figures beside the others' would read as both
-        step_s, sync_s, peak, source = measured(root, *run_ids) if not failed else (None, None, None, None)
+        if failed:
+            step_s = sync_s = peak = source = None
+            per_run = (None,) * repeats
+        else:
+            step_s, sync_s, peak, source, per_run = measured(root, *run_ids)
         c = replace(c, spec=specs[0][i])
         out.append(Validated(candidate=c, role=role, run_id=run_ids[0], status=failed[0] if failed else "done",
                              measured_step_s=step_s, measured_sync_s=sync_s,
                              measured_peak_bytes=None if peak is None else int(peak), peak_source=source,
                              off=off_terms(c, step_s, sync_s, peak), repeat_run_ids=run_ids,
-                             repeat_step_s=tuple(None if failed else measured(root, run_id)[0] for run_id in run_ids)))
+                             repeat_step_s=per_run))
     return Validation(tuple(out))
 
 
