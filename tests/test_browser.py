@@ -442,16 +442,19 @@ def lab_page(browser, jupyterlab):
 #: Makes the page's import of plotly's widget code (a module of about 5 MB, imported from a blob) take 10 s more, as on
 #: a busy machine: the figures that wait for it miss the 2 s anywidget allows a widget to start, and are drawn late,
 #: blank, without the kernel's edits (CI's explorers; here notebook 01's three figures). Counts the page's imports of
-#: that code (``window.workbenchPlotlyImports``: once a page, figure_widget) and the explorer's plot elements it has
+#: that code (``window.workbenchPlotlyImports``: once a page, figure_widget; ``workbenchPlotlyImportsAt``: when each began,
+#: ``workbenchPlotlyFirstDone``: when the first ended) and the explorer's plot elements it has
 #: shown (``window.workbenchPlotsShown``: a figure drawn again in a new widget is a new element).
 FIRST_PLOTLY_WIDGET_IMPORT_SLOW = """(() => { const make = URL.createObjectURL.bind(URL); window.workbenchPlotlyImports = 0;
+    window.workbenchPlotlyImportsAt = []; window.workbenchPlotlyFirstDone = null;
     URL.createObjectURL = obj => {
         if (!(obj instanceof Blob && obj.size > 1e6 && /javascript/.test(obj.type))) return make(obj);
-        window.workbenchPlotlyImports += 1;
+        window.workbenchPlotlyImports += 1; window.workbenchPlotlyImportsAt.push(performance.now());
         if (window.workbenchPlotlyImports > 1) return make(obj);
         const real = make(obj);
         return make(new Blob([`export * from "${real}"; export { default } from "${real}";
-                               await new Promise(done => setTimeout(done, 10000));`], {type: "text/javascript"})); };
+                               await new Promise(done => setTimeout(done, 10000));
+                               window.workbenchPlotlyFirstDone = performance.now();`], {type: "text/javascript"})); };
     const shown = new WeakSet(); window.workbenchPlotsShown = 0;
     setInterval(() => document.querySelectorAll(".workbench-layout-explorer .js-plotly-plot").forEach(plot => {
         if (!shown.has(plot)) { shown.add(plot); window.workbenchPlotsShown += 1; } }), 100); })();"""
@@ -477,7 +480,10 @@ def test_jupyterlab_runs_notebook_01_and_the_slider_redraws_the_figure(lab_page,
                            timeout=120_000)  # the redraw comes 20 s after the page drew the explorer
     # the three figures were drawn blank, then again in new widgets; plotly's code was imported once for all six
     assert page.evaluate("window.workbenchPlotsShown") >= 6, "no figure was drawn again: the test missed the redraw"
-    assert page.evaluate("window.workbenchPlotlyImports") == 1
+    # once; twice only where the first was still pending when the page forgot it (figure_widget.FORGET_S: a loaded
+    # machine once took longer than that over the 10 s added here) and the redraw imported it again
+    imports = page.evaluate("[window.workbenchPlotlyImportsAt, window.workbenchPlotlyFirstDone]")
+    assert len(imports[0]) == 1 or (len(imports[0]) == 2 and (imports[1] is None or imports[0][1] < imports[1])), imports
     assert "Not drawn" not in page.locator(".workbench-layout-explorer").inner_text()
     prompts = page.evaluate("Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
                             ".map(e => e.textContent.trim())")

@@ -1,6 +1,7 @@
 """The collective benchmark on real engines, the alpha-beta fit, and the step-time tables from real runs."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from workbench.core.buckets import plan_buckets
@@ -25,6 +26,7 @@ from workbench.studies.step_time import (
     fig_comm_size_sweep,
     fit_links,
     load_collective_benchmarks,
+    lower_envelope,
     pr_step_table,
     predict_sync_s,
 )
@@ -190,3 +192,23 @@ def test_a_benchmark_too_noisy_to_fit_is_measured_again_with_larger_messages(tmp
 def load_collective_benchmarks_record(root, run_id) -> list[str]:
     """The ``kind:size`` keys rank 0 of a stored benchmark timed."""
     return list(RunStore(root).load_record(run_id)["summary"]["ranks"][0]["times_s"])
+
+
+def test_a_sweep_whose_small_sizes_stalled_is_fitted_to_its_lower_envelope():
+    """Sizes up to 1 MiB each an 8 ms scheduler stall, larger ones not: the relative fit's bandwidth came out
+    negative. Each time is then read as the least of it and every larger size's (more bytes take no less time),
+    and that is fitted. Times whose envelope is flat still name the framework and kind."""
+    sizes = np.array([2.0**k for k in range(12, 25, 2)])
+    true = AlphaBeta(50e-6, 2e9).predict_s(sizes, 1)
+    stalled = np.where(sizes <= 2**20, 8e-3, true)
+    with pytest.raises(ValueError, match="bandwidth is not positive"):
+        fit_alpha_beta(sizes, stalled, 1, relative=True)
+    envelope = lower_envelope(stalled)
+    np.testing.assert_array_equal(envelope, np.r_[[true[-2]] * 6, true[-1]])
+    table = pd.DataFrame(dict(framework="mlx", kind="all_reduce", rank_bytes=sizes, time_s=stalled, num_steps=1))
+    fit = fit_links(table.iloc[::-1])[("mlx", "all_reduce")]  # rows in any order
+    assert fit == fit_alpha_beta(sizes, envelope, 1, relative=True) and fit.beta_bytes_per_s > 0
+    assert (fit.predict_s(sizes, 1) <= stalled * 1.5).all()  # priced from the envelope, not from the stalls
+    flat = table.assign(time_s=np.linspace(8e-3, 1e-3, len(sizes)))
+    with pytest.raises(ValueError, match="mlx all_reduce: times_s do not grow"):
+        fit_links(flat)
