@@ -24,6 +24,7 @@ the session (:func:`pytest_configure`): a step compiled once is read back by eve
 from __future__ import annotations
 
 import ast
+import contextlib
 import fcntl
 import os
 import resource
@@ -246,16 +247,17 @@ def markers_of(path: Path, function: str) -> tuple[str, ...]:
 #: Under pytest-xdist (``scripts/test.sh``: ``-n 2 --dist loadfile --no-loadscope-reorder``, which keeps this order) each module, and each notebook, runs whole on
 #: one worker, in order (a notebook's cells share one kernel). Files start longest first (here: a fresh clone's
 #: seconds, 2 cores), so the longest is not the last to start; the modules that train through :func:`shared_runs`
-#: (whose runs and benchmarks notebooks 03 and 05 take: :data:`NBVAL_SWEEPS`, :data:`NBVAL_BENCHMARKS`) start
+#: (whose runs, profiles and benchmarks notebooks 03, 05 and 07 take: :data:`NBVAL_SWEEPS`, :data:`NBVAL_BENCHMARKS`) start
 #: early and those notebooks last, so that the other worker is not still training a run when a sweep reaches it. (``--dist loadgroup`` would group the
 #: rig's modules, but xdist 3.8 cannot set its groups on pytest 9's test ids; rigs are built under a global
 #: lock with their own names and subnets, so the workers' rigs coexist.)
-FIRST_FILES = ("notebooks/06_gradient_accumulation.ipynb", "tests/test_browser.py", "tests/test_validation.py",
-               "tests/test_collectives.py", "tests/test_fully_shard_runs.py", "tests/test_train_jax.py",
-               "tests/test_resident_train_jax.py", "tests/test_jax_accum.py", "tests/test_multihost.py",
-               "notebooks/04_convergence.ipynb", "tests/test_mlx_lm_runs.py", "notebooks/07_your_model.ipynb",
+FIRST_FILES = ("notebooks/06_gradient_accumulation.ipynb", "tests/test_browser.py", "tests/test_profile_runs.py",
+               "tests/test_validation.py", "tests/test_collectives.py", "tests/test_fully_shard_runs.py",
+               "tests/test_train_jax.py", "tests/test_resident_train_jax.py", "tests/test_jax_accum.py",
+               "tests/test_multihost.py", "notebooks/04_convergence.ipynb", "tests/test_mlx_lm_runs.py",
                "tests/test_build.py", "tests/test_training.py")
-LAST_FILES = ("notebooks/03_memory_math.ipynb", "notebooks/05_step_time_and_comm_size.ipynb")
+LAST_FILES = ("notebooks/07_your_model.ipynb", "notebooks/03_memory_math.ipynb",
+              "notebooks/05_step_time_and_comm_size.ipynb")
 
 
 def start_rank(path: Path) -> int:
@@ -305,28 +307,32 @@ def pytest_collection_modifyitems(items):
 
 #: Notebooks whose sweeps share the tests' runs: a run :class:`SharedRuns` trains that one of them will run under
 #: nbval (same spec, so same run id) is copied into that notebook's run store, where its sweep skips it as done.
-NBVAL_SWEEPS = ("03_memory_math", "05_step_time_and_comm_size")
+#: Each notebook -> the code cells (0-based, among code cells) its sweep's arguments need beyond its precondition and
+#: parameter cells (notebook 07's runs are its model's, built in cell 2).
+NBVAL_SWEEPS = {"03_memory_math": (), "05_step_time_and_comm_size": (), "07_your_model": (2,)}
 #: Notebooks whose collective benchmarks tests share: notebook -> (its store's variable, the benchmarks' sizes').
 NBVAL_BENCHMARKS = {"05_step_time_and_comm_size": ("COLLECTIVES", "COLLECTIVE_SIZES")}
 
 
-def nbval_parameters(notebook: str, *more: str) -> dict[str, object]:
-    """The names ``notebook`` defines in the configuration nbval runs: its precondition and parameter cells, then
-    the code ``more``, executed here (``setup()`` giving the settings without touching plotly)."""
+def nbval_parameters(notebook: str, *more: str, cells: tuple[int, ...] = ()) -> dict[str, object]:
+    """The names ``notebook`` defines in the configuration nbval runs: its precondition and parameter cells, its code
+    ``cells`` (indices among code cells), then the code ``more``, executed here in the notebooks' folder as nbval's
+    kernel is (``setup()`` giving the settings without touching plotly)."""
     import json
 
     from workbench.core import paths
     from workbench.publish import notebook as nb_setup
 
-    cells = [c for c in json.loads((paths.NOTEBOOK_DIR / f"{notebook}.ipynb").read_text())["cells"]
-             if c["cell_type"] == "code"]
+    code_cells = [c for c in json.loads((paths.NOTEBOOK_DIR / f"{notebook}.ipynb").read_text())["cells"]
+                  if c["cell_type"] == "code"]
     settings = nb_setup.NotebookSettings(export=False, small=nb_setup.env_flag("WORKBENCH_SMALL"), renderer="",
                                          full=nb_setup.env_flag("WORKBENCH_FULL"))
     setup, nb_setup.setup = nb_setup.setup, lambda: settings
     namespace: dict[str, object] = {"print": lambda *a, **k: None, "display": lambda *a, **k: None}
     try:
-        for code in (*("".join(c["source"]) for c in cells[:2]), *more):
-            exec(code, namespace)  # noqa: S102 - the repository's own notebook
+        with contextlib.chdir(paths.NOTEBOOK_DIR):  # a notebook's relative paths (its data) are from its folder
+            for code in (*("".join(c["source"]) for c in (*code_cells[:2], *(code_cells[i] for i in cells))), *more):
+                exec(code, namespace)  # noqa: S102 - the repository's own notebook
     finally:
         nb_setup.setup = setup
     return namespace
@@ -346,7 +352,7 @@ def nbval_sweep(notebook: str) -> tuple[Path, dict[str, object]]:
     sweep = ast.parse(next(s for s in sources if "run_sweep(" in s and "import" not in s))
     at = next(i for i, t in enumerate(sweep.body) if "run_sweep(" in ast.unparse(t))
     call = next(n for n in ast.walk(sweep.body[at]) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "run_sweep")
-    namespace = nbval_parameters(notebook, ast.unparse(ast.Module(sweep.body[:at], [])))
+    namespace = nbval_parameters(notebook, ast.unparse(ast.Module(sweep.body[:at], [])), cells=NBVAL_SWEEPS[notebook])
     specs, store = (eval(ast.unparse(a), namespace) for a in call.args[:2])  # noqa: S307 - as above
     return Path(store), {run_id_for(s.to_dict()): s for s in specs}
 
@@ -363,16 +369,20 @@ def nbval_benchmarks(notebook: str) -> tuple[Path, set[str]]:
                                 for f in names["FRAMEWORKS"]}
 
 
-def store_in(store: Path, run: Path) -> None:
-    """Copies the run folder ``run`` into ``store`` unless it holds that run already (a store's own runs, say a
-    developer's, are never replaced); written beside the store and renamed in, so a reader never sees half."""
-    if (store / run.name).exists():
+def store_in(store: Path, item: Path) -> None:
+    """Copies the run folder (or profile file) ``item`` into ``store`` unless it holds one of that name already (a
+    store's own, say a developer's, is never replaced); written beside the store and renamed in, so a reader never
+    sees half."""
+    if (store / item.name).exists():
         return
     store.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{run.name}-", dir=store.parent))
-    shutil.copytree(run, staging / run.name, ignore=shutil.ignore_patterns(".lock"))
+    staging = Path(tempfile.mkdtemp(prefix=f".{item.name}-", dir=store.parent))
+    if item.is_dir():
+        shutil.copytree(item, staging / item.name, ignore=shutil.ignore_patterns(".lock"))
+    else:
+        shutil.copy2(item, staging / item.name)
     try:
-        os.rename(staging / run.name, store / run.name)
+        os.rename(staging / item.name, store / item.name)
     except OSError:  # another session stored it first
         pass
     shutil.rmtree(staging, ignore_errors=True)

@@ -4,16 +4,19 @@ reused from the cache; and the check that matters, a causal-attention model's pe
 prediction made from its profile (the closed formula missed it 4 to 5 times), and the MLX runs' step time set
 beside the one predicted from the profile."""
 
+import contextlib
+import dataclasses
 import os
 
 import pytest
 
 import workbench.launch.profile as launch_profile
+from conftest import nbval_sweep, store_in
 from held_peaks import assert_held, rank_peaks
-from workbench.launch.driver import run_training
+from workbench.core.paths import NOTEBOOK_DIR
 from workbench.launch.profile import profile_model
 from workbench.runs.estimate import estimate_run_memory, run_step_shape, spec_from_row, step_time_validation
-from workbench.runs.profile import load_profile, profile_path
+from workbench.runs.profile import PROFILE_DIR, load_profile, profile_path
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 from workbench.strategies import get_strategy
@@ -90,19 +93,28 @@ STRATEGIES = ("ddp", "fsdp-row", "fsdp-flat", "fsdp-full")
 
 
 @pytest.fixture(scope="module")
-def attention_runs(tmp_path_factory, engine_pool):
-    """Each framework's runs under each strategy, in a store of their own, and its profile."""
+def attention_runs(tmp_path_factory, shared_runs, engine_pool):
+    """Each framework's runs under each strategy, in a store of their own, and its profile. They are notebook 07's
+    runs of its example, fsdp-row added where its small configuration leaves it out, trained in the notebook's
+    folder (its data path is from there): nbval, after the tests, finds them and the profiles in its store."""
+    store, wanted = nbval_sweep("07_your_model")
     roots, specs = {}, {}
-    for framework in ("mlx", "jax"):
-        roots[framework] = root = tmp_path_factory.mktemp(f"attention-{framework}")
-        specs[framework] = [RunSpec(framework=framework, strategy=s, num_ranks=2, steps=3, global_batch=16,
-                                    model=ATTENTION, model_factory=f"examples.tiny_attention_lm:{framework}_factory")
-                            for s in STRATEGIES]
-        outcomes = [run_training(s, root, pool=engine_pool) for s in specs[framework]]
-        assert [o.status for o in outcomes] == ["done"] * 4, outcomes
-    engine_pool.close()  # no idle engine beside the profiles' timing
-    # 2 processes at once, as the 2 ranks ran
-    return roots, {framework: profile_model(specs[framework][0], roots[framework]) for framework in roots}
+    with contextlib.chdir(NOTEBOOK_DIR):
+        for framework in ("mlx", "jax"):
+            roots[framework] = root = tmp_path_factory.mktemp(f"attention-{framework}")
+            mine = {s.strategy: s for s in wanted.values() if s.framework == framework}
+            mine.setdefault("fsdp-row", dataclasses.replace(mine["ddp"], strategy="fsdp-row"))
+            specs[framework] = [mine[s] for s in STRATEGIES]
+            assert {(s.model_factory, s.model["seq_len"], s.num_ranks, s.global_batch) for s in specs[framework]} == {
+                (f"examples.tiny_attention_lm:{framework}_factory", 128, 2, 16)}, "notebook 07's example changed"
+            outcomes = [shared_runs.run(s, root, pool=engine_pool) for s in specs[framework]]
+            assert [o.status for o in outcomes] == ["done"] * 4, outcomes
+        engine_pool.close()  # no idle engine beside the profiles' timing
+        # 2 processes at once, as the 2 ranks ran
+        profiles = {framework: profile_model(specs[framework][0], roots[framework]) for framework in roots}
+    for framework, profile in profiles.items():
+        store_in(store / PROFILE_DIR, profile_path(roots[framework], profile.key_fields))
+    return roots, profiles
 
 
 def test_an_attention_models_peak_on_two_ranks_is_its_profiles_prediction_within_ten_percent(attention_runs):
