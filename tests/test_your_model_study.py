@@ -21,7 +21,7 @@ from workbench.studies.checks import user_model_checks
 from workbench.studies.design_review import reference_runs_dir
 from workbench.studies.memory import memory_validation
 from workbench.studies.runs import summarize_runs
-from workbench.core.units import format_count
+from workbench.core.units import MiB, format_count
 from workbench.studies.your_model import default_communication_size, load_model_runs, memory_estimates, your_model
 from workbench.studies.your_model_memory import JAX_PEAK_CAUSE, peak_table
 
@@ -217,3 +217,22 @@ def test_the_explorer_is_offered_on_the_users_model(configs):
     factory = your_model(**EXAMPLE, steps=3, global_batch=8)
     explorer = build_explorer(factory, None, seq_len=32, micro_batch=4)
     assert explorer.controls["model"].value is factory.spec and explorer.estimates[0].num_params == 20_576
+
+
+def test_the_profile_table_shows_the_activation_line_a_run_of_its_ranks_is_predicted_from():
+    """A JAX profile's truth is one device's; a rank of two is predicted from it scaled by XLA's plan on a mesh of
+    two (here 3/4 of the one-device plan at both sizes). Notebook 07's table shows that line, named, for its runs."""
+    from workbench.studies.your_model_memory import profile_table
+
+    spec = RunSpec(framework="jax", model=dict(vocab_size=64, seq_len=32, dim=64, num_layers=2, num_heads=4,
+                                                mlp_dim=128)).to_dict()
+    measured = {"micro_batch_sizes": [1, 2], "activation_samples": [[4 * MiB], [8 * MiB]],
+                "compute_s_samples": [[0.1], [0.2]], "parameter_bytes": 1, "gradient_bytes": 1,
+                "optimizer_state_bytes": 2, "update_s": 0.01, "truth_source": "VmHWM, after a reset",
+                "peak_rss_bytes": 1, "plan_activation_bytes": [4 * MiB, 8 * MiB],
+                "mesh_plan_activation_bytes": [3 * MiB, 6 * MiB]}
+    profile = profile_from_measurements(measured, profile_key_fields(spec, 1), cost_s=1.0)
+    one, two = profile_table({"jax": profile}, 2)["jax"], profile_table({"jax": profile}, 2, num_ranks=2)["jax"]
+    assert one["activations at 2 sequences"] == "8.00 MiB" and one["activations per sequence"] == "4.00 MiB"
+    assert two["activations at 2 sequences, a rank of 2"] == "6.00 MiB"
+    assert two["activations per sequence, a rank of 2"] == "3.00 MiB" and two["peak read as"] == "VmHWM"

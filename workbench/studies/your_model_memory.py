@@ -38,15 +38,19 @@ def profile_your_model(model: YourModel, runs_root: Any, **kwargs: Any) -> dict[
     return {fw: profile_model(spec, runs_root, **kwargs) for fw, spec in firsts.items()}
 
 
-def profile_table(profiles: Mapping[str, "ModelProfile"], micro_batch: int) -> "pd.DataFrame":
+def profile_table(profiles: Mapping[str, "ModelProfile"], micro_batch: int, num_ranks: int = 1) -> "pd.DataFrame":
     """Each framework's profile, one column per framework: the sizes measured, activations per sequence and at
-    the runs' ``micro_batch``, forward and backward at it, the optimizer update, how the peak was read, and what
+    the runs' ``micro_batch`` as a rank of ``num_ranks`` holds them (a JAX rank of two or more: the one-device truth
+    scaled by XLA's plan on a mesh, :meth:`~workbench.runs.profile.ModelProfile.activation_fit_for`, the line the
+    peaks are predicted from), forward and backward at it, the optimizer update, how the peak was read, and what
     profiling cost (wall seconds; the profiling process's peak resident memory)."""
     import pandas as pd
 
+    rank = f", a rank of {num_ranks}" if num_ranks > 1 else ""
     rows = {fw: {"sequences measured": ", ".join(map(str, p.micro_batch_sizes)),
-                 "activations per sequence": format_bytes(p.activation_fit.slope),
-                 f"activations at {micro_batch} sequences": format_bytes(p.activation_bytes_at(micro_batch)),
+                 f"activations per sequence{rank}": format_bytes(p.activation_fit_for(num_ranks).slope),
+                 f"activations at {micro_batch} sequences{rank}": format_bytes(p.activation_bytes_at(micro_batch,
+                                                                                                     num_ranks)),
                  f"forward and backward at {micro_batch} sequences": format_seconds(p.compute_s_at(micro_batch)),
                  "optimizer update": format_seconds(p.update_s), "peak read as": p.truth_source.split(",")[0],
                  "profile cost": format_seconds(p.cost_s), "profile memory": format_bytes(p.cost_peak_rss_bytes)}
