@@ -36,9 +36,11 @@ def assert_held(rows: list[tuple], count: int) -> None:
     """Print ``rows`` (:func:`rank_peaks`) as a table and assert there are ``count`` of them, each within
     :data:`~workbench.studies.memory.PEAK_TOLERANCE`, except a JAX rank over it whose term is named: the compiled
     step's own plan within the tolerance of the estimate, and the rank above the prediction, so the excess is
-    buffers outside the compiled step (gloo's). JAX fsdp-full's rank 1 holds such buffers beyond the estimate's
-    collective scratch, unmodelled: the Qwen3-shaped LM's read 1.05-1.10 of the prediction alone and 1.20 inside
-    the whole suite's load."""
+    memory outside the compiled step. JAX fsdp-full's Qwen3-shaped LM read 0.95-1.19 of the prediction over 20 runs
+    under load (10 with glibc's mmap threshold fixed, 0.98-1.19: not freed scratch kept by malloc), on either rank,
+    in steps of about 2.4 MB: not gloo's, whose largest reduce-scatter there is 0.72 MB (0.54 MB of scratch,
+    counted). Its profile's samples of the same forward and backward spread 1%, so the excess is the run's process
+    beside the step, unmodelled."""
     print("\nmodel       framework strategy   rank  predicted B  measured B  measured/predicted  XLA plan/estimate")
     for row in rows:
         print("{:11} {:9} {:10} {:4} {:12,} {:11,} {:8.3f}".format(*row[:7]), "" if row[7] is None else f"{row[7]:8.3f}")
