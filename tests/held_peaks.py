@@ -37,9 +37,9 @@ def assert_held(rows: list[tuple], count: int) -> None:
     :data:`~workbench.studies.memory.PEAK_TOLERANCE`, except a JAX rank over it whose term is named: the compiled
     step's own plan within the tolerance of the estimate, and the rank above the prediction, so the excess is
     memory outside the compiled step. JAX fsdp-full's Qwen3-shaped LM read 0.95-1.19 of the prediction over 20 runs
-    under load (10 with glibc's mmap threshold fixed, 0.98-1.19: not freed scratch kept by malloc), on either rank,
-    in steps of about 2.4 MB: not gloo's, whose largest reduce-scatter there is 0.72 MB (0.54 MB of scratch,
-    counted). Its profile's samples of the same forward and backward spread 1%, so the excess is the run's process
+    under load, on either rank, in steps of about 2.4 MB: not gloo's, whose largest reduce-scatter there is 0.72 MB
+    (0.54 MB of scratch, counted), nor pages malloc kept (the measured step maps each block of a page or more on its
+    own). Its profile's samples of the same forward and backward spread 1%, so the excess is the run's process
     beside the step, unmodelled."""
     print("\nmodel       framework strategy   rank  predicted B  measured B  measured/predicted  XLA plan/estimate")
     for row in rows:
