@@ -254,6 +254,8 @@ def test_a_runs_update_copies_are_its_implementations():
             ("jax", "fsdp-row"): "none", ("jax", "fsdp-flat"): "none", ("jax", "fsdp-full"): "parameters_and_state"}
     assert {(i.framework, s.name): i.update_copies for s in strategies() for i in s.implementations} == want
     assert get_strategy("zero2").update_copies("jax") == "parameters_and_state"  # modelled only: its DDP step's
+    assert get_strategy("zero2").implementation_in("jax") is None and get_strategy("fsdp-row").implementation_in(
+        "jax") is get_strategy("fsdp-row").implementation("jax")
     assert get_strategy("fsdp-row").update_copies("mlx") == "parameters_and_master_shard"
     with pytest.raises(ValueError, match="update_copies='some'"):
         Implementation(framework="mlx", builder="m:f", update_copies="some")

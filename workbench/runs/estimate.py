@@ -95,7 +95,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     buckets = plan_buckets(model, fields["communication_size"])
     by_buckets = record.units == "buckets"  # else the units are modules: no bucket plan, no shards of buckets
     shard_plan = plan_shards(buckets, n, record.layout) if by_buckets and record.layout else None
-    impl = next((i for i in record.implementations if i.framework == fields["framework"]), None)
+    impl = record.implementation_in(fields["framework"])
     # the units MLX's trainers wrap (each block, then the root; ranks.user_model.block_units): fully_shard keeps
     # every unit's weights gathered from forward to backward, ZeRO-3 the largest unit's buffers in backward
     units = {u.name: u.num_params for u in plan_fully_shard(model, n).units} if record.family == "fully_shard" or (
@@ -118,7 +118,7 @@ def units_recomputed(fields: Mapping[str, Any], *, memory: bool = True) -> bool:
     saves nothing at the peak: on the validation LM at 2 ranks XLA's plan was 66.3 MiB and VmHWM 77.5 MiB, where
     per-unit gathers with recomputed blocks predicted 45.6 MiB, and the whole model gathered 61.8 MiB)."""
     record = get_strategy(fields["strategy"])
-    impl = next((i for i in record.implementations if i.framework == fields["framework"]), None)
+    impl = record.implementation_in(fields["framework"])
     deferred = fields.get("num_microbatches", 1) > 1 and fields.get("defer_sync", True)
     return record.gathers_units and record.reshard_after_forward and not deferred and not (
         memory and impl is not None and impl.unit_buffers == "whole_model")

@@ -194,13 +194,17 @@ class Strategy:
 
     def implementation(self, framework: str) -> Implementation:
         """This strategy's implementation in ``framework``; a ValueError naming both if there is none."""
-        for impl in self.implementations:
-            if impl.framework == framework:
-                return impl
+        impl = self.implementation_in(framework)
+        if impl is not None:
+            return impl
         runs = [s.name for s in strategies() if framework in s.frameworks]
         raise ValueError(f"strategy {self.name!r} has no {framework!r} implementation (it runs in: "
                          f"{', '.join(self.frameworks) or 'none, it is modelled only'}); {framework} runs: "
                          f"{', '.join(runs)}.")
+
+    def implementation_in(self, framework: str) -> Implementation | None:
+        """This strategy's implementation in ``framework``, or None where ``framework`` only models it."""
+        return next((impl for impl in self.implementations if impl.framework == framework), None)
 
     def update_copies(self, framework: str) -> str:
         """What ``framework``'s step writes beside the arrays it updates, or keeps for the run (the memory model's
