@@ -154,31 +154,30 @@ class Collectives:
     def _after(self, x: mx.array) -> mx.array:
         return x if self.last is None else mx.depends(x, self.last)
 
+    def _chain(self, out: mx.array, kind: str | None = None, sent: int = 0) -> mx.array:
+        """``out`` as the chain's last link, counted as one ``kind`` sending ``sent`` bytes (a group of one: none).
+        The chain holds a token of it: holding the output itself would keep its buffer alive."""
+        self.last = out[:1] * 0
+        if kind is not None:
+            self.counts[kind] += 1
+            self.bytes_sent[kind] += sent
+        return out
+
     def all_gather(self, row: mx.array) -> mx.array:
         """``(N * c,)``: every rank's 1-D row, in rank order."""
         n = self.group.size()
         if n == 1:  # a copy in the chain, as a ring's: the profile's ZeRO-3 step on one rank frees as 2 ranks do
-            out = self._after(row) + 0
-            self.last = out[:1] * 0
-            return out
-        out = mx.distributed.all_gather(self._after(row), group=self.group)
-        self.last = out[:1] * 0  # a token: holding the output itself would keep the buffer alive
-        self.counts["all_gather"] += 1
-        self.bytes_sent["all_gather"] += (n - 1) * row.nbytes
-        return out
+            return self._chain(self._after(row) + 0)
+        return self._chain(mx.distributed.all_gather(self._after(row), group=self.group), "all_gather",
+                           (n - 1) * row.nbytes)
 
     def reduce_scatter(self, row: Callable[[int], mx.array]) -> mx.array:
         """This rank's row of the sum over ranks; ``row(k)`` is the local row k."""
         n = self.group.size()
         if n == 1:
-            out = self._after(row(0)) + 0
-            self.last = out[:1] * 0
-            return out
+            return self._chain(self._after(row(0)) + 0)
         out = reduce_scatter(lambda k: self._after(row(k)), self.group, self.transport, None)
-        self.last = out[:1] * 0
-        self.counts["reduce_scatter"] += 1
-        self.bytes_sent["reduce_scatter"] += (2 if self.transport == "all_sum" else 1) * (n - 1) * out.nbytes
-        return out
+        return self._chain(out, "reduce_scatter", (2 if self.transport == "all_sum" else 1) * (n - 1) * out.nbytes)
 
     def take(self) -> dict:
         """Counts and bytes since the last call (then reset, with the chain)."""
