@@ -9,6 +9,7 @@ the same spec on one host (test_training's tolerance) and its record must name e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -31,7 +32,9 @@ from workbench.launch.hosts import (
     parse_hosts,
     plan_hosts_launch,
 )
-from workbench.launch.remote_cmd import engine_env, mpi_args, openmpi_hostfile
+from workbench.launch.engines import EngineFailure
+from workbench.launch.remote import start_remote_engines
+from workbench.launch.remote_cmd import ENGINE_MODULE, engine_env, mpi_args, openmpi_hostfile
 from workbench.runs.spec import RunSpec
 from workbench.runs.tables import load_runs
 
@@ -236,6 +239,33 @@ def test_a_host_unreachable_at_start_is_named_within_the_startup_timeout(multiho
         assert rig["hosts"][0]["address"] not in outcome.error  # only the host at fault is named
     finally:
         subprocess.run(["ip", "link", "set", victim["veth"], "up"], check=True, timeout=10)
+    assert _wait_until_hosts_idle(rig, 10) == {}
+
+
+@pytest.mark.parametrize("fault", ["no python", "no engine"])
+def test_a_host_whose_engine_cannot_start_is_the_one_named(multihost_rig, tmp_path, fault):
+    """Both hosts answer ssh, but on one the hosts file's ``python`` is not a Python (ipyparallel's first command
+    there fails) or runs everything but the engine (which never registers): the run fails within its startup
+    bound naming that host only (before, the command's exit or every host, as no engine had been identified)."""
+    rig, victim = multihost_rig, multihost_rig["hosts"][1]
+    python = "/bin/false"
+    if fault == "no engine":
+        python = str(tmp_path / "python-without-engine")
+        Path(python).write_text(f'#!/bin/sh\n[ "$2" = "{ENGINE_MODULE}" ] && exit 1\nexec python3 "$@"\n')
+        Path(python).chmod(0o755)
+    hosts = rig_hosts(rig)
+    broken = dataclasses.replace(hosts, hosts=tuple(dataclasses.replace(h, python=python)
+                                                    if h.address == victim["address"] else h for h in hosts.hosts))
+    t0 = time.monotonic()
+    with pytest.raises(EngineFailure) as failure:  # as run_training starts them, with a 10 s bound
+        start_remote_engines(plan_hosts_launch(broken, 2, framework="mlx"), ssh_config=broken.ssh_config,
+                             controller_ip=broken.controller_ip, timeout_s=10)
+    assert time.monotonic() - t0 < 25, "the startup bound was not kept"
+    named = (f"host {victim['name']} ({victim['address']}:{victim['port']}): a command of its python '/bin/false' "
+             "exited 1" if fault == "no python" else f"no engine answered from {victim['name']})")
+    error = str(failure.value)
+    assert named in error, error
+    assert rig["hosts"][0]["address"] not in error and f"from {rig['hosts'][0]['name']}" not in error
     assert _wait_until_hosts_idle(rig, 10) == {}
 
 

@@ -19,6 +19,7 @@ when one of them has dropped off the network.
 from __future__ import annotations
 
 import logging
+import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -140,8 +141,10 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
 
     Raises:
         ValueError: an unknown launcher, a value that cannot go on its command line or script (named).
-        EngineFailure: a host unreachable (named; for Slurm: its node down or unknown to the cluster), or the
-            engines did not all register within ``timeout_s``; everything started so far is stopped.
+        EngineFailure: a host unreachable (named; for Slurm: its node down or unknown to the cluster), a host
+            whose ``python`` failed a command of the launcher (named, with that python), or the engines did not
+            all register within ``timeout_s`` (naming the hosts whose engines did not answer); everything started
+            so far is stopped.
     """
     import ipyparallel as ipp
 
@@ -186,24 +189,40 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
             raise
         missing = sorted({plan.host_of(r).name for r in range(plan.num_ranks) if r not in run.rank_hosts})
         which = f" (no engine answered from {', '.join(missing)})" if missing and run.client is not None else ""
+        failed = _host_of_command(err, hosts)
+        if failed is not None:
+            which = (f" (host {failed.name} ({failed.address}:{failed.port}): a command of its python "
+                     f"{failed.python!r} exited {err.returncode}; is it a Python with ipyparallel and workbench "
+                     "installed on that host?)")
         raise EngineFailure(f"engines did not start on the hosts via {launcher}{which}: {_short(err)}", None) from err
     run.started_s = time.monotonic() - t0
     return run
 
 
 def _identify(run: RemoteEngineRun, deadline: float) -> None:
-    """Wait for every engine and learn which rank, host and pid each is (bounded by ``deadline``)."""
+    """Wait for every engine and learn which rank, host and pid each is (bounded by ``deadline``). Where some never
+    register, those that did are still identified (a second each at most), so that the failure names only the
+    hosts whose engines are missing, not every host."""
     n = run.plan.num_ranks
-    while len(run.client.ids) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(run.client.ids)} of {n} engines registered in time")
+    while len(run.client.ids) < n and time.monotonic() <= deadline:
         time.sleep(0.05)
-    asks = {eid: run.client[eid].apply_async(rank_identity) for eid in run.client.ids}
+    registered = list(run.client.ids)
+    asks = {eid: run.client[eid].apply_async(rank_identity) for eid in registered}
     for eid, ask in asks.items():
         rank, hostname, pid = ask.get(timeout=max(1.0, deadline - time.monotonic()))
         run.rank_engine[rank] = eid
         h = run.plan.host_of(rank)
         run.rank_hosts[rank] = {"host": h.name, "address": h.address, "hostname": hostname, "pid": pid}
+    if len(registered) < n:
+        raise TimeoutError(f"{len(registered)} of {n} engines registered in time")
+
+
+def _host_of_command(err: BaseException, hosts) -> Any:
+    """The host a failed command of ipyparallel's launcher went to (ssh to its address), or None."""
+    cmd = getattr(err, "cmd", None)
+    if not isinstance(err, subprocess.CalledProcessError) or not isinstance(cmd, (list, tuple)):
+        return None
+    return next((h for h in hosts if h.address in cmd), None)
 
 
 def _short(err: BaseException) -> str:
