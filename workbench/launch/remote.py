@@ -188,12 +188,8 @@ def start_remote_engines(plan: MultiHostPlan, *, launcher: str = "ssh", controll
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
         missing = sorted({plan.host_of(r).name for r in range(plan.num_ranks) if r not in run.rank_hosts})
-        which = f" (no engine answered from {', '.join(missing)})" if missing and run.client is not None else ""
-        failed = _host_of_command(err, hosts)
-        if failed is not None:
-            which = (f" (host {failed.name} ({failed.address}:{failed.port}): a command of its python "
-                     f"{failed.python!r} exited {err.returncode}; is it a Python with ipyparallel and workbench "
-                     "installed on that host?)")
+        which = _failed_python(err, hosts) or (f" (no engine answered from {', '.join(missing)})"
+                                               if missing and run.client is not None else "")
         raise EngineFailure(f"engines did not start on the hosts via {launcher}{which}: {_short(err)}", None) from err
     run.started_s = time.monotonic() - t0
     return run
@@ -217,12 +213,16 @@ def _identify(run: RemoteEngineRun, deadline: float) -> None:
         raise TimeoutError(f"{len(registered)} of {n} engines registered in time")
 
 
-def _host_of_command(err: BaseException, hosts) -> Any:
-    """The host a failed command of ipyparallel's launcher went to (ssh to its address), or None."""
+def _failed_python(err: BaseException, hosts) -> str:
+    """Where ``err`` is a failed command of ipyparallel's launcher sent to one of ``hosts`` (ssh to its address),
+    the words naming that host and its ``python``; else ''."""
     cmd = getattr(err, "cmd", None)
     if not isinstance(err, subprocess.CalledProcessError) or not isinstance(cmd, (list, tuple)):
-        return None
-    return next((h for h in hosts if h.address in cmd), None)
+        return ""
+    failed = next((h for h in hosts if h.address in cmd), None)
+    return "" if failed is None else (
+        f" (host {failed.name} ({failed.address}:{failed.port}): a command of its python {failed.python!r} exited "
+        f"{err.returncode}; is it a Python with ipyparallel and workbench installed on that host?)")
 
 
 def _short(err: BaseException) -> str:

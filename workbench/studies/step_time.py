@@ -249,15 +249,16 @@ def fit_links(table: "pd.DataFrame", placement: str = LOOPBACK, num_ranks: int |
         sizes, times, steps = g.rank_bytes.to_numpy(), g[LINK_STATISTICS[statistic]].to_numpy(), g.num_steps.to_numpy()
         try:
             fits[(framework, kind)] = fit_alpha_beta(sizes, times, steps, relative=True)
+            continue
         except ValueError as err:
-            envelope = lower_envelope(times)  # stalls: a collective of more bytes takes no less time than a smaller one
-            try:
-                if not envelope[-1] > envelope[0]:
-                    raise ValueError("flat")
-                fits[(framework, kind)] = fit_alpha_beta(sizes, envelope, steps, relative=True)
-            except ValueError:
-                raise ValueError(f"{framework} {kind}: {err} (too few or too noisy sizes: measure larger "
-                                 "messages)") from None
+            problem = f"{framework} {kind}: {err} (too few or too noisy sizes: measure larger messages)"
+        envelope = lower_envelope(times)  # stalls: a collective of more bytes takes no less time than a smaller one
+        if not envelope[-1] > envelope[0]:
+            raise ValueError(problem)
+        try:
+            fits[(framework, kind)] = fit_alpha_beta(sizes, envelope, steps, relative=True)
+        except ValueError:
+            raise ValueError(problem) from None
     return fits
 
 
@@ -265,5 +266,6 @@ def lower_envelope(times_s) -> np.ndarray:
     """Each time of a sweep sorted by size replaced by the least time of it and every larger size: what the
     collective costs without the scheduler's stalls, where a loaded machine made a small size's median slower than
     a larger size's so that the relative fit's bandwidth came out negative (once in CI: MLX's all-gather on 2 cores
-    under three test workers, measured three times with larger sizes each time). Used only where the times as measured cannot be fitted."""
+    under three test workers, measured three times with larger sizes each time). Used only where the times as
+    measured cannot be fitted."""
     return np.minimum.accumulate(np.asarray(times_s, float)[::-1])[::-1]
