@@ -336,7 +336,7 @@ def test_the_key_holds_the_records_version_and_the_processes_that_measured_at_on
     was (5), is never found under today's key: it is measured again, not read as if it held the overhead, the
     update beside backward, the recomputed blocks or the mesh plan (the old file is left where it was)."""
     fields = profile_key_fields(RunSpec(model=LM), 1)
-    assert fields["profile_version"] == PROFILE_VERSION == 6 and fields["co_runners"] == 1
+    assert fields["profile_version"] == PROFILE_VERSION == 7 and fields["co_runners"] == 1
     old = {k: v for k, v in fields.items() if k not in ("profile_version", "co_runners")}
     assert profile_key(old) != profile_key(fields)
     assert profile_key(profile_key_fields(RunSpec(model=LM), 1, 2)) != profile_key(fields)

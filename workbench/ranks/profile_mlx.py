@@ -2,7 +2,8 @@
 
 The model is the run's (:func:`~workbench.ranks.user_model.mlx_model_and_loss`: the built-in LM or the
 user's factory), its optimizer the run's. One update first, so the optimizer state exists as in every step
-after a run's first. Then, at each micro-batch size, ``repeats`` times: forward and backward exactly as the
+after a run's first. Then, at each micro-batch size, once and then at least ``max(repeats, MIN_TIMED)`` times (the first
+call's seconds left out, as a run's first step is): forward and backward exactly as the
 trainers run them (:func:`~workbench.adapters.mlx.accum.accumulate_microbatches`: ``nn.value_and_grad``,
 loss and gradients evaluated together), between ``mx.reset_peak_memory()`` and ``mx.get_peak_memory()``.
 The activation bytes of a measurement are that peak above the arrays live before it (parameters, optimizer
@@ -74,9 +75,12 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         # the peak of a small model's backward differs from call to call by whole buffers (a logits-sized one, or
         # none: how far MLX's graph is allocated ahead of what it frees); a run's peak, over all its steps, meets
         # the higher one, so a cheap size is sampled on to MORE_SAMPLES_S, up to MAX_SAMPLES, to meet it too
+        # the first call at a size allocates its buffers afresh (MLX's cache holds the last size's): its peak is
+        # sampled, its seconds are not, as a run's first step is not (a run of attention at 8 sequences: the first
+        # call 94.6-118.8 ms, the next ones 80.9-95.0); at least MIN_TIMED timed, for a median its slow calls do not set
         started = time.perf_counter()
-        while len(samples) < repeats or (len(samples) < MAX_SAMPLES
-                                         and time.perf_counter() - started < MORE_SAMPLES_S):
+        while len(seconds) < max(repeats, MIN_TIMED) + 1 or (len(samples) < MAX_SAMPLES
+                                                              and time.perf_counter() - started < MORE_SAMPLES_S):
             gc.collect()
             base = mx.get_active_memory()
             mx.reset_peak_memory()
@@ -88,7 +92,7 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
             samples.append(int(peak - base - gradient_bytes))
             del loss, grads
         activation.append(samples)
-        compute.append(seconds)
+        compute.append(seconds[1:])
         inputs, targets = (mx.array(a) for a in token_batch(spec, b))
         forward.append(timed(lambda: mx.eval(loss_fn(model, inputs, targets)), repeats))
     step, bare, step_update = measure_trainer_step(spec, model, loss_fn, opt, sizes[0], repeats)  # not growing with b
@@ -109,6 +113,8 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
 #: (900,756 B in all 3 at 8 sequences, 1,181,728 B in 2 of 3 an hour before), 6 met it every time in 4 profiles.
 #: A profile's co-running processes pool theirs (:func:`workbench.launch.profile.merge_co_runners`).
 MAX_SAMPLES, MORE_SAMPLES_S = 8, 0.25
+#: The fewest forward-and-backward calls timed at a size, after one that is not.
+MIN_TIMED = 5
 
 
 #: The fewest trainer steps timed (each beside a bare forward and backward): the overhead is a small difference.
