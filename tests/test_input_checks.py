@@ -78,3 +78,22 @@ def test_from_shapes_explains_a_list_and_a_bare_dimension():
         ModelSpec.from_shapes([("a", (4,))])
     with pytest.raises(ValueError, match=r"Parameter 'a': \(4, 'bf16'\) reads as \(shape, dtype\).*\(\(4,\), 'bf16'\)"):
         ModelSpec.from_shapes({"a": (4, "bf16")})
+
+
+@pytest.mark.parametrize("fields, why", [
+    (dict(strategy="hsdp-row", num_ranks=4), r"RunSpec.num_replicas=1: strategy 'hsdp-row' shards within groups"),
+    (dict(strategy="hsdp-row", num_ranks=2, num_replicas=2), r"RunSpec.num_replicas=2: .* divide num_ranks=2 into "
+                                                             r"groups of at least 2"),
+    (dict(strategy="hsdp-row", num_ranks=6, num_replicas=4, global_batch=12), r"RunSpec.num_replicas=4: .* divide"),
+    (dict(strategy="fsdp-row", num_ranks=4, num_replicas=2), r"RunSpec.num_replicas=2: strategy 'fsdp-row' has no "
+                                                             r"replica groups; num_replicas applies to hsdp-row only"),
+    (dict(strategy="hsdp-row", num_ranks=4, num_replicas=2.5), r"RunSpec.num_replicas=2.5: must be an integer >= 1"),
+    (dict(strategy="hsdp-row", framework="mlx", num_ranks=4, num_replicas=2), r"RunSpec.strategy='hsdp-row': .* no "
+                                                                              r"'mlx' implementation"),
+])
+def test_hsdp_replica_groups_are_checked_and_named(fields, why):
+    with pytest.raises(ValueError, match=why):
+        RunSpec(**{"framework": "jax", "global_batch": 8, **fields})
+    # a run without replica groups keeps the id it had before the field existed
+    assert "num_replicas" not in RunSpec(framework="jax", strategy="fsdp-row").to_dict()
+    assert RunSpec(framework="jax", strategy="hsdp-row", num_ranks=4, num_replicas=2, global_batch=8).shard_group_size == 2

@@ -251,7 +251,8 @@ def test_a_runs_update_copies_are_its_implementations():
     want = {("mlx", "ddp"): "parameters", ("mlx", "fsdp-row"): "parameters_and_master_shard",
             ("mlx", "fsdp-flat"): "parameters_and_master_shard", ("mlx", "fsdp-full"): "parameters",
             ("mlx", "mlx-fully-shard"): "parameters", ("jax", "ddp"): "parameters_and_state",
-            ("jax", "fsdp-row"): "none", ("jax", "fsdp-flat"): "none", ("jax", "fsdp-full"): "parameters_and_state"}
+            ("jax", "fsdp-row"): "none", ("jax", "fsdp-flat"): "none", ("jax", "fsdp-full"): "parameters_and_state",
+            ("jax", "hsdp-row"): "none"}
     assert {(i.framework, s.name): i.update_copies for s in strategies() for i in s.implementations} == want
     assert get_strategy("zero2").update_copies("jax") == "parameters_and_state"  # modelled only: its DDP step's
     assert get_strategy("zero2").implementation_in("jax") is None and get_strategy("fsdp-row").implementation_in(

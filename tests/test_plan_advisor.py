@@ -379,3 +379,38 @@ def test_the_repeat_runs_the_plans_again_in_reverse_order_with_the_next_data_see
     assert all(v.status == "failed" and v.measured_step_s is None and v.measured_peak_bytes is None
                and v.repeat_step_s == (None,) * 3 for v in check.runs)
     assert check.pick_against_runner_up is None
+
+
+def test_hsdp_is_priced_where_each_host_holds_an_equal_share_of_the_ranks():
+    """JAX on 2 hosts of 2 slots: hsdp-row with a shard group per host, beside fsdp-row over all 4, its optimizer
+    state twice fsdp-row's (sharded over 2, not 4), its step an all-reduce across the groups more. On one host, or
+    hosts of unequal shares, it is not priced, and the advice says why; MLX does not run it."""
+    from workbench.launch.hosts import parse_hosts, replica_groups
+
+    assert (replica_groups((0, 0, 1, 1)), replica_groups((0, 0, 0, 1)), replica_groups((0, 1)),
+            replica_groups((0, 0))) == (2, None, None, None)
+    hosts = parse_hosts({"hosts": [{"address": "10.0.0.11", "slots": 2}, {"address": "10.0.0.12", "slots": 2}]},
+                        source="test")
+    kw = dict(memory_bytes=4 * GiB, global_batch=16, runs_root="unused", links=LINKS, framework="jax")
+    base = base_spec(dict(VALIDATION_MODEL), num_ranks=4, global_batch=16, seq_len=None, framework="jax")
+    advice = advise_plan(dict(VALIDATION_MODEL), hosts=hosts, profile=fake_profile(base), **kw)
+    by = {(c.spec.strategy, c.spec.communication_size, c.spec.num_microbatches, c.spec.defer_sync): c
+          for c in advice.candidates}
+    hsdp = [c for c in advice.candidates if c.spec.strategy == "hsdp-row"]
+    assert hsdp and {c.spec.num_replicas for c in hsdp} == {2} and "(2 replicas of 2)" in hsdp[0].label
+    for c in hsdp:
+        flat = by[("fsdp-row", c.spec.communication_size, c.spec.num_microbatches, c.spec.defer_sync)]
+        assert c.step.comm_by_kind["all_reduce"] > 0 == flat.step.comm_by_kind.get("all_reduce", 0)
+        assert c.to_dict()["num_replicas"] == 2 and c.predicted_peak_bytes > flat.predicted_peak_bytes
+    assert any("hsdp-row: 2 replica groups of 2 ranks, one per host" in n for n in advice.notes), advice.notes
+    uneven = parse_hosts({"hosts": [{"address": "10.0.0.11", "slots": 3}, {"address": "10.0.0.12", "slots": 1}]},
+                         source="test")
+    for where, why in ((dict(hosts=uneven), "do not each hold the same number"), (dict(num_ranks=4), "one host")):
+        other = advise_plan(dict(VALIDATION_MODEL), profile=fake_profile(base), **where, **kw)
+        assert "hsdp-row" not in {c.spec.strategy for c in other.candidates}
+        assert any(n.startswith("hsdp-row, hsdp (shard within a host, replicate across) not priced: ") and why in n
+                   for n in other.notes), other.notes
+    mlx = advise_plan(dict(VALIDATION_MODEL), hosts=hosts, profile=fake_profile(replace(base, framework="mlx")),
+                      **{**kw, "framework": "mlx"})
+    assert "hsdp-row" not in {c.spec.strategy for c in mlx.candidates}
+    assert any("hsdp-row, hsdp (" in n and "mlx does not run it" in n for n in mlx.notes), mlx.notes

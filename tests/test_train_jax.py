@@ -89,3 +89,30 @@ def test_the_collective_path_is_read_from_the_lowered_program():
     assert observed_collective_path('%1 = "stablehlo.all_reduce"(%0)', 2) == "psum"
     assert observed_collective_path('%1 = "stablehlo.all_reduce"(%0)', 1) == "none"
     assert observed_collective_path("%1 = stablehlo.add %0, %0", 2) == "none"
+
+
+def test_hsdp_on_four_ranks_reproduces_ddp_and_shards_within_each_replica_group(jax_runs, shared_runs, engine_pool):
+    """hsdp-row on 2 replica groups of 2 ranks: DDP's loss curve (2 ranks, the same global batches), each rank's
+    optimizer state half the model's (sharded within its group, not over all 4), and the collectives its record
+    counts (a reduce-scatter in the group, an all-reduce across the groups and an all-gather, per bucket)."""
+    from workbench.runs.estimate import estimate_run_memory, run_step_shape
+    from workbench.strategies import get_strategy
+
+    root, outcomes = jax_runs
+    hsdp = spec(strategy="hsdp-row", num_ranks=4, num_replicas=2)
+    outcome = shared_runs.run(hsdp, root, pool=engine_pool)
+    assert outcome.status == "done", outcome
+    loaded = load_runs(root)
+    steps = loaded.steps
+    curve = steps[steps.run_id == outcome.run_id].groupby("step").loss
+    np.testing.assert_array_equal(curve.min(), curve.max())
+    ddp = steps[steps.run_id == outcomes["ddp"].run_id].groupby("step").loss.mean().to_numpy()
+    np.testing.assert_allclose(curve.mean().to_numpy(), ddp, rtol=0, atol=1e-5)
+    ranks = loaded.runs.set_index("run_id").loc[outcome.run_id, "summary.ranks"]
+    want = estimate_run_memory(hsdp)["optimizer_state"]
+    assert want == estimate_run_memory(spec(strategy="fsdp-row"))["optimizer_state"]  # a group of 2's shard
+    counted = get_strategy("hsdp-row").collective_counts(run_step_shape(hsdp))
+    assert counted["all_reduce"] == counted["reduce_scatter"] == counted["all_gather"] == num_buckets(hsdp)
+    for r in ranks:
+        assert abs(r["measured_memory"]["optimizer_state"] - want) <= 8, r["measured_memory"]  # optax's step count
+        assert r["num_collectives"] == sum(counted.values()), r

@@ -216,6 +216,14 @@ def busiest_host_ranks(placement: Sequence[int]) -> int:
     return max(Counter(placement).values(), default=1)
 
 
+def replica_groups(placement: Sequence[int]) -> int | None:
+    """HSDP's replica groups of :func:`place_ranks`'s ``placement``: the hosts, where there are 2 or more and each
+    holds the same number of ranks, 2 or more (a shard group per host); else None."""
+    per_host = set(Counter(placement).values())
+    hosts = len(set(placement))
+    return hosts if hosts >= 2 and len(per_host) == 1 and min(per_host) >= 2 else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class MultiHostPlan(LaunchPlan):
     """A :class:`LaunchPlan` whose ranks live on several hosts: ``rank_hosts[r]`` indexes ``hosts``."""

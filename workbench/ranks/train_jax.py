@@ -5,13 +5,14 @@
 coordinator's interface. Every process builds the same weights
 (:func:`~workbench.models.init.init_lm_params`) and the same global NumPy batch each step
 (:func:`~workbench.models.data.sample_batch`); the global batch array is sharded by rows over the
-1-D mesh ``("fsdp",)``, so process r holds exactly ``rank_slice(batch, r, N)``, and one
+mesh ``("fsdp",)`` (HSDP: ``("replica", "fsdp")``), so process r holds exactly ``rank_slice(batch, r, N)``, and one
 jitted ``shard_map`` step per strategy does the rest:
 
 * ``ddp`` -- :func:`~workbench.adapters.jax.fsdp.make_ddp_step` (gradients ``pmean``-ed);
 * ``fsdp-row`` / ``fsdp-flat`` -- :func:`~workbench.adapters.jax.fsdp.make_fsdp_step` with that layout and
   ``spec.communication_size`` (a reduce-scatter and an ``all_gather`` per bucket, cut in the model's order), run on
   its resident bucket buffers (:class:`~workbench.adapters.jax.resident.ResidentStep`: no per-step packing, donated);
+* ``hsdp-row`` -- the same step on a ``("replica", "fsdp")`` mesh: rows within a replica group, summed across;
 * ``fsdp-full`` -- ZeRO-3, :func:`~workbench.adapters.jax.zero3.make_zero3_step` over the
   unit chain of :func:`lm_units` (embedding, each block, final norm + head).
 
@@ -172,10 +173,11 @@ def train_jax(spec, handle, compile_folder: str | None = None) -> dict:
     rank, size = init_distributed()
 
     import jax
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from workbench.adapters.jax.accum import compiled_program_counts
+    from workbench.adapters.jax.distributed import process_mesh
     from workbench.adapters.jax.compile_cache import compile_cache_state as cache_state
     from workbench.adapters.jax.resident import ResidentStep
     from workbench.ranks.probes import (jax_device_bytes, jax_measured_memory, package_versions, peak_rss_bytes,
@@ -185,9 +187,9 @@ def train_jax(spec, handle, compile_folder: str | None = None) -> dict:
 
     cache_at_start = cache_state()
 
-    # Devices by process, so that process r's rows of a batch sharded P("fsdp") are rank_slice(batch, r, N).
-    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("fsdp",))
-    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("fsdp"))
+    # Devices by process, so that process r's rows of a batch sharded over the data axes are rank_slice(batch, r, N).
+    mesh, data_axes = process_mesh(spec.num_replicas)
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P(data_axes))
     report_phase(handle, PHASE_MODEL, rank)
     params, loss_fn = jax_params_and_loss(spec)  # the built-in LM, or the user's factory (spec.model_factory)
     fingerprint = start_fingerprint(spec, list(params.items()), size)  # plans and starting weights, compared once
@@ -291,6 +293,7 @@ def _build_step(spec, mesh, replicated, params: dict, loss_fn: Callable):
         step = make_ddp_step(loss_fn, p, opt, mesh, max_norm=spec.max_norm, **accum)
     else:
         step = make_fsdp_step(loss_fn, p, opt, mesh, layout=record.layout, order=list(params),
+                              dp_axis="replica" if record.replicas else None,
                               max_norm=spec.max_norm, communication_size=spec.communication_size, **accum)
     return step, p, step.init(p)
 

@@ -289,7 +289,7 @@ def check_user_run(spec, build: Callable[[Any], ModelSpec] | None = None) -> Mod
         return None
     model = (build or user_model_spec)(spec)
     try:  # before any engine starts: the strategy's shards must tile the user's model
-        get_strategy(spec.strategy).check_model(model, spec.num_ranks, spec.communication_size)
+        get_strategy(spec.strategy).check_model(model, spec.shard_group_size, spec.communication_size)
     except ValueError as err:
         raise ValueError(f"RunSpec.strategy={spec.strategy!r}: {err}") from None
     return model

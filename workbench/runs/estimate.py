@@ -1,9 +1,8 @@
 """The memory model for a run: the estimate made from the same spec the ranks trained.
 
-:func:`estimate_run_memory` turns a :class:`~workbench.runs.spec.RunSpec` into the
-:func:`~workbench.estimate.memory.estimate_memory` call that describes it: the LM's parameter shapes,
-the strategy, precision and optimizer, the bucket and shard plans of its
-``communication_size``, activations, and what the framework's step writes beside the arrays it updates
+:func:`estimate_run_memory` turns a :class:`~workbench.runs.spec.RunSpec` into the :func:`~workbench.estimate.memory.estimate_memory`
+call that describes it: the LM's parameter shapes, the strategy, precision and optimizer, the bucket and shard
+plans of its ``communication_size`` over its shard group, activations, and what the framework's step writes beside the arrays it updates
 (:meth:`~workbench.strategies.Strategy.update_copies`: MLX's new parameter tree, and its resident FSDP's
 master shards; a jitted JAX step's new parameters and optimizer state, none where it is donated, as JAX's
 resident FSDP step). :mod:`workbench.studies.memory` sets it beside what the ranks measured.
@@ -23,6 +22,7 @@ from workbench.estimate.memory import estimate_memory
 from workbench.estimate.step_time import (STEP_TIME_TOLERANCE, StepTimePrediction, off_term, predict_step_time,
                                           rank_update_bytes, relative_slowdown)
 from workbench.models.init import LMConfig, lm_model_spec
+from workbench.runs.spec import shard_groups
 from workbench.strategies import StepShape, get_strategy
 
 
@@ -88,7 +88,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     ``precision`` (a RunSpec has no ``compute_dtype``), so no cast copies are counted.
     """
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
-    strategy, n, precision = fields["strategy"], fields["num_ranks"], fields["precision"]
+    (n, replicas), strategy, precision = shard_groups(fields), fields["strategy"], fields["precision"]
     record = get_strategy(strategy)  # an unknown name lists the registered ones
     g = fields.get("num_microbatches", 1)
     model = run_model_spec(fields, model_shapes)
@@ -101,14 +101,14 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
     units = {u.name: u.num_params for u in plan_fully_shard(model, n).units} if record.family == "fully_shard" or (
         record.gathers_units and fields["framework"] == "mlx") else None
     return estimate_memory(
-        model, strategy, n, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
+        model, strategy, n, num_replicas=replicas, param_dtype=precision, master_dtype=None, optimizer=fields["optimizer"],
         optimizer_state_dtype=precision, bucket_plan=buckets if by_buckets else None,
         shard_plan=shard_plan, update_copies=record.update_copies(fields["framework"]),
         num_microbatches=g, defer_sync=fields.get("defer_sync", True), reshard_after_forward=record.reshard_after_forward,
         units=units, unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         sync_in_place=impl is not None and impl.sync_per == "array",  # JAX's DDP: one psum per array, in place
         collective_scratch=impl.collective_scratch if impl is not None else 0.0,
-        activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * g), units_recomputed(fields)))
+        activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * replicas * g), units_recomputed(fields)))
 
 
 def units_recomputed(fields: Mapping[str, Any], *, memory: bool = True) -> bool:
@@ -172,12 +172,12 @@ def _unit_bytes(fields: Mapping[str, Any], model: ModelSpec) -> tuple[tuple[floa
 
 
 def run_step_shape(spec: Any, model_shapes: Any = None) -> StepShape:
-    """What one optimizer step of a run syncs and gathers, for its strategy record: the buckets of
-    ``communication_size`` (JAX's DDP: each array; a unit-gathering strategy: its units), G and
+    """What one optimizer step of a run syncs and gathers, for its strategy record: the buckets of ``communication_size``
+    (JAX's DDP: each array; a unit-gathering strategy: its units) over its shard group (and HSDP's replicas), G and
     ``defer_sync``, and whether the step all-reduces the gradient norm (MLX always; JAX where ``max_norm`` is set).
     ``spec``: a RunSpec or its dict; ``model_shapes`` as :func:`run_model_spec`."""
     fields = spec if isinstance(spec, Mapping) else spec.to_dict()
-    record = get_strategy(fields["strategy"])
+    record, (n, replicas) = get_strategy(fields["strategy"]), shard_groups(fields)
     impl = record.implementation(fields["framework"])
     model = run_model_spec(fields, model_shapes)
     units = _unit_bytes(fields, model) if record.gathers_units else None
@@ -187,10 +187,10 @@ def run_step_shape(spec: Any, model_shapes: Any = None) -> StepShape:
         sync = tuple(b for b, _ in units)
     else:
         buckets = plan_buckets(model, fields["communication_size"])
-        plan = plan_shards(buckets, fields["num_ranks"], record.layout) if record.layout else None
+        plan = plan_shards(buckets, n, record.layout) if record.layout else None
         sync = tuple(float(b) for b in (buckets.bucket_bytes if plan is None else
                                         plan.bucket_chunk_elems * plan.num_shards * buckets.bucket_itemsize))
-    return StepShape(num_ranks=fields["num_ranks"], sync_bytes=sync, units=units,
+    return StepShape(num_ranks=n, sync_bytes=sync, units=units, num_replicas=replicas,
                      num_microbatches=fields.get("num_microbatches", 1), defer_sync=fields.get("defer_sync", True),
                      reduces_norm=impl.reduces_norm(fields.get("max_norm") is not None))
 
@@ -242,7 +242,7 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
         compute_s_per_microbatch=profile.compute_s_at(b), num_microbatches=g, slowdown=slowdown,
         recompute_s_per_microbatch=profile.forward_s_at(b) if recompute else 0.0,
         update_s_per_param_byte=profile.update_s_per_param_byte,
-        update_param_bytes=rank_update_bytes(model.nbytes, n, record.sharded.optimizer),
+        update_param_bytes=rank_update_bytes(model.nbytes, shape.num_ranks, record.sharded.optimizer),
         collectives=record.step_collectives(shape), links=links, framework=fields["framework"],
         buckets_synced=len(shape.sync_bytes) * shape.syncs if by_buckets and n > 1 else 0, per_bucket_s=per_bucket_s,
         step_overhead_s=getattr(profile, "step_overhead_s", None) or 0.0)

@@ -8,6 +8,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from workbench.core.checks import as_whole
 from workbench.core.units import MiB
@@ -21,7 +22,7 @@ STRATEGIES = RUN_NAMES  # what a run can be: the registered strategies some fram
 #: Fields added after runs were stored: :meth:`RunSpec.to_dict` leaves them out at these defaults,
 #: so a run's id (a hash of its dict) and every stored record stay valid.
 LATER_DEFAULTS = {"num_microbatches": 1, "defer_sync": True, "model_factory": None, "model_source_sha256": None,
-                  "data": None, "data_dtype": None, "data_sha256": None}
+                  "data": None, "data_dtype": None, "data_sha256": None, "num_replicas": 1}
 
 
 HEX = set("0123456789abcdef")
@@ -42,6 +43,12 @@ class FrozenModel(dict):
         return (FrozenModel, (dict(self),))
 
 
+def shard_groups(fields: Mapping[str, Any]) -> tuple[int, int]:
+    """``(N, R)`` of a run's spec dict: the ranks its states are sharded over, and its replica groups (HSDP's; else 1)."""
+    replicas = fields.get("num_replicas", 1)
+    return fields["num_ranks"] // replicas, replicas
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
     """One training run. Field names are what error messages and stored records use.
@@ -54,7 +61,9 @@ class RunSpec:
     (:func:`workbench.models.tokens.load_token_file`; ``data_dtype`` for a headerless ``.bin``).
     ``data_sha256`` is filled in from the file's bytes (:func:`~workbench.runs.factory.data_sha256`), so
     changed data is a new run, and a spec rebuilt from its dict (as every engine does) refuses a file that
-    changed since: no rank trains on other data than the driver validated.
+    changed since: no rank trains on other data than the driver validated. ``num_replicas``: HSDP's replica groups
+    (``hsdp-row``): each state is sharded over ``num_ranks / num_replicas`` consecutive ranks (a host's, as a
+    launch places ranks host by host) and each shard's gradient all-reduced across the groups.
     """
 
     framework: str = "mlx"
@@ -79,6 +88,7 @@ class RunSpec:
     data: str | None = None
     data_dtype: str | None = None
     data_sha256: str | None = None
+    num_replicas: int = 1
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -97,7 +107,7 @@ class RunSpec:
         except ValueError as err:
             raise bad("strategy", str(err)) from None
         for name, low in (("num_ranks", 1), ("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
-                          ("init_seed", 0), ("data_seed", 0), ("communication_size", None)):
+                          ("init_seed", 0), ("data_seed", 0), ("communication_size", None), ("num_replicas", 1)):
             # The one rule (core.checks.as_whole): NumPy integers count; only bytes may be written 32e6.
             whole = as_whole(getattr(self, name), magnitude=name == "communication_size")
             if whole is None or (low is not None and whole < low):
@@ -117,6 +127,14 @@ class RunSpec:
             raise bad("defer_sync", f"strategy {self.strategy!r} syncs in every micro-batch's backward (MLX's "
                                     "fully_shard reduce-scatters every unit in its custom VJP): it cannot defer the sync "
                                     f"to the last of num_microbatches={self.num_microbatches}; pass defer_sync=False")
+        if record.replicas and (self.num_replicas < 2 or self.num_ranks % self.num_replicas
+                                or self.num_ranks // self.num_replicas < 2):
+            raise bad("num_replicas", f"strategy {self.strategy!r} shards within groups of num_ranks / num_replicas "
+                                      f"ranks and replicates across the groups: num_replicas must be >= 2 and divide "
+                                      f"num_ranks={self.num_ranks} into groups of at least 2 (else run fsdp-row or ddp)")
+        if not record.replicas and self.num_replicas != 1:
+            raise bad("num_replicas", f"strategy {self.strategy!r} has no replica groups; num_replicas applies to "
+                                      f"{', '.join(s.name for s in strategies() if s.replicas and s.frameworks)} only")
         if self.optimizer not in ("sgd", "adamw"):
             raise bad("optimizer", "choose 'sgd' or 'adamw'")
         if self.precision not in ("float32", "bfloat16"):
@@ -137,7 +155,7 @@ class RunSpec:
             return
         config = self.config  # validates the model fields, naming them
         try:  # the strategy's shards must tile the model (FSDP layouts, ZeRO-3's rows, fully_shard's axis 0)
-            record.check_model(lm_model_spec(config, self.precision), self.num_ranks, self.communication_size)
+            record.check_model(lm_model_spec(config, self.precision), self.shard_group_size, self.communication_size)
         except ValueError as err:
             raise bad("strategy", str(err)) from None
 
@@ -207,6 +225,11 @@ class RunSpec:
             return LMConfig(**self.model)
         except TypeError as err:
             raise ValueError(f"RunSpec.model: {err}") from None
+
+    @property
+    def shard_group_size(self) -> int:
+        """The ranks each state is sharded over: ``num_ranks``, or each replica group's under HSDP."""
+        return self.num_ranks // self.num_replicas
 
     @property
     def micro_batch_size(self) -> int:

@@ -241,8 +241,10 @@ class Strategy:
         rows = [Collective("all_reduce", 1, 0.0, n)] if shape.reduces_norm else []
         if self.family == "data_parallel":
             return (*rows, Collective("all_reduce", s * b, s * total, n))
-        if self.family == "zero_1_2":
-            return (*rows, Collective("reduce_scatter", s * b, s * total, n), Collective("all_gather", b, total, n))
+        replicated = self.replicas and shape.num_replicas > 1
+        if self.family == "zero_1_2":  # HSDP: each reduced shard all-reduced across the replicas too
+            across = [Collective("all_reduce", s * b, s * total / n, shape.num_replicas)] if replicated else []
+            return (*rows, Collective("reduce_scatter", s * b, s * total, n), *across, Collective("all_gather", b, total, n))
         units = shape.units if shape.units is not None else \
             tuple((x, self.reshard_after_forward) for x in shape.sync_bytes)
         u, unit_total = len(units), float(sum(x for x, _ in units))
@@ -250,7 +252,7 @@ class Strategy:
         once = shape.defer_sync and shape.num_microbatches > 1
         gathers = (u, unit_total) if once else (s * (u + len(again)), s * (unit_total + sum(again)))
         rows += [Collective("all_gather", gathers[0], gathers[1], n), Collective("reduce_scatter", s * u, s * unit_total, n)]
-        if self.replicas and shape.num_replicas > 1:
+        if replicated:
             rows.append(Collective("all_reduce", s * u, s * unit_total / n, shape.num_replicas))
         return tuple(rows)
 

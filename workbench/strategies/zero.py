@@ -3,7 +3,8 @@
 ZeRO-1 shards the optimizer state and master weights; ZeRO-2 the gradients as well. MLX's
 ``fsdp_apply_gradients`` step (``fsdp``, run as ``fsdp-row`` and ``fsdp-flat``: the shard layouts of
 :func:`workbench.core.shards.plan_shards`) reduce-scatters each bucket of full gradients, updates its
-shard, and all-gathers the parameters.
+shard, and all-gathers the parameters. ``hsdp-row`` is that step within a shard group of N/R ranks (a host's), its
+shards all-reduced across the R groups (PyTorch's ``_HYBRID_SHARD_ZERO2``; JAX's step over a replica axis).
 """
 
 from workbench.strategies.base import Implementation, Sharded, Strategy, register
@@ -36,3 +37,7 @@ FSDP_ROW = register(Strategy(
 FSDP_FLAT = register(Strategy(
     name="fsdp-flat", family="zero_1_2", summary="MLX's FSDP step, each bucket cut flat into N equal chunks",
     sharded=_OPTIMIZER_SIDE, layout="flat", implementations=_runs()))
+HSDP_ROW = register(Strategy(
+    name="hsdp-row", family="zero_1_2", summary="fsdp-row within a shard group (a host's ranks), each shard's gradient "
+                                            "all-reduced across the R groups (HSDP, ZeRO-2-like)",
+    sharded=_OPTIMIZER_SIDE, layout="row", replicas=True, implementations=_runs()[1:]))  # JAX's, over a replica axis

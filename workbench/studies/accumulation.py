@@ -192,6 +192,11 @@ def _diff_to_g1(curves: "pd.DataFrame", table: "pd.DataFrame", row: "pd.Series",
     return float(diff.max()) if len(a) else None
 
 
+#: One colour per runnable strategy, the same in every figure whatever else is registered.
+STRATEGY_COLORS = {"ddp": "#4C78A8", "fsdp-row": "#F58518", "fsdp-flat": "#54A24B", "fsdp-full": "#B279A2",
+                   "mlx-fully-shard": "#E45756", "hsdp-row": "#72B7B2"}
+
+
 def fig_accumulation(table: "pd.DataFrame", framework: str = "mlx", *, height: int = 620) -> go.Figure:
     """Four panels against G: collectives per step, MiB sent per rank per step, median step time,
     peak memory per rank (measured: markers and lines; the memory model: dotted). One colour per
@@ -203,7 +208,7 @@ def fig_accumulation(table: "pd.DataFrame", framework: str = "mlx", *, height: i
         layout["xaxis" + xaxis[1:]].update(type="log", dtick=0.30103, **(
             {"title": dict(text="G, micro-batches per step")} if k >= 2 else {}))
     runnable = [r.name for r in strategies() if r.frameworks]
-    colors = dict(zip(runnable, ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756")))
+    colors = {name: STRATEGY_COLORS.get(name, "#9D9D9D") for name in runnable}
     traces = []
     for strategy in [s for s in runnable if len(t) and s in set(t.strategy)]:
         for defer, dash in ((True, "solid"), (False, "dash")):

@@ -20,7 +20,7 @@ from workbench.core.checks import as_whole
 from workbench.core.specs import ModelSpec
 from workbench.core.units import MiB, format_bytes
 from workbench.launch.benchmark import SMALL_SIZES, run_collective_benchmark
-from workbench.launch.hosts import busiest_host_ranks, place_ranks
+from workbench.launch.hosts import busiest_host_ranks, place_ranks, replica_groups
 from workbench.launch.profile import profile_model
 from workbench.launch.remote import Placement
 from workbench.runs.profile import ModelProfile
@@ -210,9 +210,12 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
 
         model_shapes = build_user_model(base, 300.0)
     shapes = model_of(base, model_shapes)
-    specs, left_out = enumerate_candidates(base, shapes, sizes=sizes)
-    # the ranks of the busiest host, as the launch places them (slot order) and sizes their threads
-    per_host = num_ranks if placement.hosts is None else busiest_host_ranks(place_ranks(placement.hosts, num_ranks))
+    # the ranks of the busiest host, as the launch places them (slot order) and sizes their threads; HSDP's replica
+    # groups where each host holds an equal share (a shard group per host)
+    ranks_at = None if placement.hosts is None else place_ranks(placement.hosts, num_ranks)
+    per_host = num_ranks if ranks_at is None else busiest_host_ranks(ranks_at)
+    groups = None if ranks_at is None else replica_groups(ranks_at)
+    specs, left_out = enumerate_candidates(base, shapes, sizes=sizes, replicas=(groups,) if groups else ())
     if profile is None:
         micro = sorted({s.micro_batch_size for s in specs})
         wanted = tuple(sorted({micro[0], micro[len(micro) // 2], micro[-1]}))
@@ -234,11 +237,17 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
                               predict_step=predict) for s in specs]
     ranked = rank_candidates(priced, memory_bytes, safety_margin)
     notes = []
-    modelled = [s.name for s in strategies() if s.replicas and not s.frameworks]
-    if modelled:
-        where = "one host: nothing to replicate across" if placement.hosts is None or len(placement.hosts.hosts) < 2 \
-            else "no framework runs it yet"
-        notes.append(f"{', '.join(modelled)} (shard within a host, replicate across) not priced: {where}")
+    hybrid = [s for s in strategies() if s.replicas]  # shard within a host, replicate across
+    grouped = [s.name for s in hybrid if framework in s.frameworks and groups is not None]
+    if grouped:
+        notes.append(f"{', '.join(grouped)}: {groups} replica groups of {num_ranks // groups} ranks, one per host; its "
+                     "collectives within a host and across hosts are priced with this placement's links alike")
+    if len(grouped) < len(hybrid):
+        where = (f"{framework} does not run it" if groups is not None else "one host: nothing to replicate across"
+                 if ranks_at is None or len(set(ranks_at)) < 2 else "the hosts do not each hold the same number of "
+                 "ranks, 2 or more")
+        notes.append(f"{', '.join(s.name for s in hybrid if s.name not in grouped)} (shard within a host, replicate "
+                     f"across) not priced: {where}")
     pick = ranked[0] if ranked and ranked[0].fits else None
     if pick is None:
         smallest = min(priced, key=lambda c: c.predicted_peak_bytes) if priced else None

@@ -2,8 +2,9 @@
 
 :func:`enumerate_candidates` lists every runnable plan of one model on N ranks: each registered strategy the
 framework runs (the records of :mod:`workbench.strategies`: DDP, the ZeRO-1/2-like ``fsdp-row`` and
-``fsdp-flat``, ZeRO-3 ``fsdp-full`` resharding after forward, and, in MLX, ``fully_shard`` keeping its units
-gathered to backward), at every ``communication_size`` of the bucket-size advisor's sweep where the
+``fsdp-flat``, ZeRO-3 ``fsdp-full`` resharding after forward, in JAX HSDP's ``hsdp-row`` (where the placement
+gives replica groups: a shard group per host), and, in MLX, ``fully_shard`` keeping its units gathered to
+backward), at every ``communication_size`` of the bucket-size advisor's sweep where the
 strategy syncs by buckets (:func:`workbench.estimate.advisor.default_sizes`), and at every micro-batch x G that
 makes the global batch, synced once per step or after every micro-batch. A plan the strategy cannot split the
 model into is left out, with why. :func:`price_candidate` puts the peak per rank (the memory model with the
@@ -65,7 +66,7 @@ class Candidate:
     def to_dict(self) -> dict:
         """The fields other tools read (the ``--json`` of ``python -m workbench plan``)."""
         s = self.spec
-        return {"strategy": s.strategy, "layout": get_strategy(s.strategy).layout,
+        return {"strategy": s.strategy, "layout": get_strategy(s.strategy).layout, "num_replicas": s.num_replicas,
                 "communication_size": s.communication_size, "micro_batch_size": s.micro_batch_size,
                 "num_microbatches": s.num_microbatches, "defer_sync": s.defer_sync,
                 "predicted_peak_bytes": self.predicted_peak_bytes, "predicted_step_s": self.predicted_step_s,
@@ -80,7 +81,8 @@ def plan_label(spec: RunSpec) -> str:
     if get_strategy(spec.strategy).units != "buckets":
         text = "per unit"
     sync = "" if spec.num_microbatches == 1 else " deferred" if spec.defer_sync else " every micro-batch"
-    return f"{spec.strategy}, {text}, b={spec.micro_batch_size} x G={spec.num_microbatches}{sync}"
+    groups = f" ({spec.num_replicas} replicas of {spec.shard_group_size})" if spec.num_replicas > 1 else ""
+    return f"{spec.strategy}{groups}, {text}, b={spec.micro_batch_size} x G={spec.num_microbatches}{sync}"
 
 
 def divisors(n: int) -> list[int]:
@@ -98,8 +100,8 @@ def sizes_that_differ(model: ModelSpec, sizes: tuple[int, ...]) -> tuple[int, ..
     return tuple(kept)
 
 
-def enumerate_candidates(base: RunSpec, model: ModelSpec, *, sizes: tuple[int, ...] | None = None
-                         ) -> tuple[list[RunSpec], list[tuple[str, str]]]:
+def enumerate_candidates(base: RunSpec, model: ModelSpec, *, sizes: tuple[int, ...] | None = None,
+                         replicas: tuple[int, ...] = ()) -> tuple[list[RunSpec], list[tuple[str, str]]]:
     """Every plan of ``base``'s model, ranks, global batch and framework the framework can run.
 
     Args:
@@ -107,6 +109,8 @@ def enumerate_candidates(base: RunSpec, model: ModelSpec, *, sizes: tuple[int, .
         model: Its parameters (:func:`~workbench.runs.estimate.run_model_spec`).
         sizes: ``communication_size`` s to try, bytes (default: the advisor's sweep,
             :func:`~workbench.estimate.advisor.default_sizes`, less sizes giving the same buckets).
+        replicas: Replica groups R to try for a strategy that replicates shard groups (HSDP; R dividing the ranks
+            into groups of 2 or more); none tries no such strategy.
 
     Returns:
         The plans, and ``(plan, why)`` for each one left out because the strategy cannot split the model.
@@ -119,16 +123,18 @@ def enumerate_candidates(base: RunSpec, model: ModelSpec, *, sizes: tuple[int, .
             continue
         impl = record.implementation(base.framework)
         by_size = record.units == "buckets" and impl.sync_per == "bucket"
-        for size in sizes if by_size else (base.communication_size,):
+        groups = [r for r in replicas if r >= 2 and base.num_ranks % r == 0 and base.num_ranks // r >= 2] \
+            if record.replicas else [1]
+        for r, size in ((r, size) for r in groups for size in (sizes if by_size else (base.communication_size,))):
             for g in divisors(per_rank):
                 for defer in (True,) if g == 1 else (True, False):
                     if defer and g > 1 and not impl.defers_sync:
                         continue
                     try:
                         if base.num_ranks > 1:
-                            record.check_model(model, base.num_ranks, size)
+                            record.check_model(model, base.num_ranks // r, size)
                         specs.append(replace(base, strategy=record.name, communication_size=size,
-                                             num_microbatches=g, defer_sync=defer))
+                                             num_microbatches=g, defer_sync=defer, num_replicas=r))
                     except ValueError as err:
                         left_out.append((f"{record.name}, {size} B, G={g}", str(err)))
     return specs, left_out
@@ -137,10 +143,11 @@ def enumerate_candidates(base: RunSpec, model: ModelSpec, *, sizes: tuple[int, .
 def flat_padding(spec: RunSpec, model: ModelSpec) -> float:
     """The worst rank's padding of the flat layout, as a fraction of its share of the model (0 elsewhere)."""
     record = get_strategy(spec.strategy)
-    if record.layout != "flat" or record.units != "buckets" or spec.num_ranks < 2:
+    n = spec.shard_group_size
+    if record.layout != "flat" or record.units != "buckets" or n < 2:
         return 0.0
-    plan = plan_shards(plan_buckets(model, spec.communication_size), spec.num_ranks, "flat")
-    return float(max(plan.rank_padding_bytes)) / max(1.0, model.nbytes / spec.num_ranks)
+    plan = plan_shards(plan_buckets(model, spec.communication_size), n, "flat")
+    return float(max(plan.rank_padding_bytes)) / max(1.0, model.nbytes / n)
 
 
 def price_candidate(spec: RunSpec, profile: ModelProfile, model: ModelSpec, *, memory_bytes: int,
