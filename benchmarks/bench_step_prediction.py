@@ -16,7 +16,7 @@ The models: the built-in LM (tiny: collectives and per-step overheads weigh) and
 The machine's load is printed before and after: timings under load are not the model's to hold.
 
     python3 benchmarks/bench_step_prediction.py [--root DIR] [--frameworks mlx,jax] [--ranks 2,4]
-        [--strategies ddp,fsdp-row,fsdp-flat,fsdp-full] [--models lm,attention,mid] [--steps 6] [--global-batch 16]
+        [--strategies ddp,fsdp-row,fsdp-flat,fsdp-full] [--models lm,attention,mid] [--steps 12] [--global-batch 16]
         [--microbatches 1,2]
 """
 
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--strategies", default="ddp,fsdp-row,fsdp-flat,fsdp-full")
     parser.add_argument("--models", default="lm,attention")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=12)  # a median of 11 steps: the tiny LM's vary 3-18 ms
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--microbatches", default="1", help="G values, comma-separated (deferred sync)")
     args = parser.parse_args()

@@ -250,8 +250,9 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     if pool is not None and not isinstance(pool, EnginePool):
         raise ValueError(f"pool={pool!r}: must be an EnginePool or None.")
     # a user's factory may change its process, so its runs start their own engines (as on other hosts)
+    # engines on other hosts must all register within the startup bound too (start_remote_engines' timeout_s)
     runner = pool.run if pool is not None and placement.hosts is None and spec.model_factory is None \
-        else placement.runner()
+        else placement.runner(timeout_s=startup_timeout_s)
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):

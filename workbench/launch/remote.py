@@ -287,7 +287,8 @@ class Placement:
 
     def runner(self, **start_kwargs: Any) -> Callable[..., Any]:
         """``run(num_ranks, framework, body, *, may_retry)``: on local engines
-        (:func:`~workbench.launch.relaunch.run_on_fresh_ports`), or across the hosts (:func:`run_on_hosts`)."""
+        (:func:`~workbench.launch.relaunch.run_on_fresh_ports`), or across the hosts (:func:`run_on_hosts`, which
+        passes ``start_kwargs`` to :func:`start_remote_engines`: ``timeout_s``, its bound on the engines' start)."""
         if self.hosts is None:
             return run_on_fresh_ports
 
