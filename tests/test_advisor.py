@@ -64,3 +64,19 @@ def test_default_sizes_end_with_one_bucket_and_bad_knobs_are_named():
             predict_sync_curve(SPEC, args.pop("num_shards"), LINKS, **args)
     with pytest.raises(ValueError, match="tolerance"):
         recommend_communication_size(SPEC, 2, LINKS, tolerance=-0.1)
+
+
+def test_a_sweeps_cost_per_bucket_is_fitted_beside_its_constant():
+    from workbench.estimate.advisor import fit_bucket_costs
+
+    buckets = [26, 13, 4, 1]
+    base, per = fit_bucket_costs(buckets, [0.5 + 0.002 * b for b in buckets])
+    assert base == pytest.approx(0.5) and per == pytest.approx(0.002)
+    # steps that fall as buckets are added (noise) or one bucket count: no cost per bucket, the median
+    assert fit_bucket_costs(buckets, [0.5 - 0.001 * b for b in buckets]) == (pytest.approx(0.4915), 0.0)
+    assert fit_bucket_costs([4, 4], [0.3, 0.5]) == (pytest.approx(0.4), 0.0)
+    # a line crossing below 0 at no buckets: through the origin instead, never a negative constant
+    base, per = fit_bucket_costs([2, 4], [0.001, 0.009])
+    assert base == 0.0 and per == pytest.approx((2 * 0.001 + 4 * 0.009) / 20)
+    with pytest.raises(ValueError, match="2 bucket counts against 1 finite residuals"):
+        fit_bucket_costs([1, 2], [0.1])

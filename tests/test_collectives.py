@@ -6,7 +6,7 @@ import pytest
 
 from workbench.core.buckets import plan_buckets
 from workbench.core.units import MiB
-from workbench.estimate.advisor import recommend_communication_size
+from workbench.estimate.advisor import fit_bucket_costs, recommend_communication_size
 from workbench.estimate.comm import AlphaBeta, bus_factor, estimate_comm, fit_alpha_beta
 from workbench.launch.benchmark import KINDS, SMALL_SIZES, benchmark_spec, run_collective_benchmark
 from workbench.launch.driver import run_training
@@ -141,19 +141,25 @@ def test_the_advisor_is_asked_about_the_sizes_a_sweep_ran_and_set_beside_their_m
     check = advice_against_sweep(loaded, links)
     t = check.table
     assert list(t.columns) == ADVICE_COLUMNS and list(t["communication size (MiB)"]) == [2**12 / MiB, 2**16 / MiB]
-    # The advice is the estimate layer's own answer for the sweep's model, N and layout.
+    # The advice is the estimate layer's own answer for the sweep's model, N and layout, with the cost per bucket
+    # and the constant fitted to what the links leave of each size's measured step.
     spec = run_model_spec(dict(model=TINY, precision="float32"))
-    own = recommend_communication_size(spec, 2, links, sizes=[2**12, 2**16], layout="row")
+    bare = recommend_communication_size(spec, 2, links, sizes=[2**12, 2**16], layout="row")
+    sweep = comm_size_table(loaded, links).query("strategy == 'fsdp-row'")
+    fitted = fit_bucket_costs([p.num_buckets for p in bare.curve],
+                              [m / 1e3 - p.predicted_sync_s for m, p in zip(sweep.step_ms, bare.curve)])
+    assert (check.base_s, check.per_bucket_s) == pytest.approx(fitted)
+    own = recommend_communication_size(spec, 2, links, sizes=[2**12, 2**16], layout="row", base_s=fitted[0],
+                                       per_bucket_s=fitted[1])
     assert check.advice.communication_size == own.communication_size
     assert list(t["predicted sync (ms)"]) == pytest.approx([p.predicted_sync_s * 1e3 for p in own.curve])
     # Measured figures are the sweep table's; the gap is the advised size's against the best.
-    sweep = comm_size_table(loaded, links).query("strategy == 'fsdp-row'")
     assert list(t["measured step (ms)"]) == pytest.approx(list(sweep.step_ms))
     best = min(sweep.step_ms)
     advised = float(sweep[sweep.communication_size == own.communication_size].step_ms.iloc[0])
     assert check.gap == pytest.approx(advised / best - 1) and check.within_target == (check.gap <= 0.05)
     assert t.advised.sum() == 1 and t["best measured"].sum() == 1
-    # The predicted step is the sync plus one constant: the median of (measured step - predicted sync).
+    # The predicted step is the sync (its cost per bucket included) plus one constant.
     offsets = t["predicted step (ms)"] - t["predicted sync (ms)"]
     assert offsets.max() - offsets.min() < 1e-9
     assert check.summary().loc["advised communication_size", "answer"] == f"{own.communication_size / MiB:g} MiB"

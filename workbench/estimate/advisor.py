@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from workbench.core.buckets import plan_buckets
 from workbench.core.checks import as_whole, integer
 from workbench.core.shards import plan_shards
@@ -158,3 +160,25 @@ def recommend_communication_size(spec: ModelSpec, num_shards: int, links: Mappin
     return BucketAdvice(communication_size=pick.communication_size, num_buckets=pick.num_buckets,
                         predicted_sync_s=pick.predicted_sync_s, predicted_step_s=pick.predicted_step_s,
                         curve=curve, tolerance=float(tolerance))
+
+
+def fit_bucket_costs(num_buckets: Sequence[int], residual_s: Sequence[float]) -> tuple[float, float]:
+    """``(base_s, per_bucket_s)``: a sweep's measured steps less their link-priced sync (``residual_s``, one per
+    size) fitted as ``base_s + per_bucket_s * buckets`` by least squares, neither below 0. With fewer than two
+    bucket counts, or residuals that fall as buckets are added (noise), no per-bucket cost: the residuals' median.
+
+    Raises:
+        ValueError: no sizes, or the two sequences of different lengths.
+    """
+    b, r = np.asarray(num_buckets, dtype=float), np.asarray(residual_s, dtype=float)
+    if not len(b) or b.shape != r.shape or not np.isfinite(r).all():
+        raise ValueError(f"fit_bucket_costs: {len(b)} bucket counts against {len(r)} finite residuals")
+    flat = (max(0.0, float(np.median(r))), 0.0)
+    if len(set(b.tolist())) < 2:
+        return flat
+    slope, base = np.polyfit(b, r, 1)
+    if slope <= 0:
+        return flat
+    if base < 0:  # through the origin
+        return 0.0, float(max(0.0, (b @ r) / (b @ b)))
+    return float(base), float(slope)

@@ -18,7 +18,7 @@ from typing import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.estimate.advisor import ADVISED_STRATEGIES, BucketAdvice, recommend_communication_size
+from workbench.estimate.advisor import ADVISED_STRATEGIES, BucketAdvice, fit_bucket_costs, recommend_communication_size
 from workbench.estimate.comm import AlphaBeta
 from workbench.runs.estimate import run_model_spec, spec_from_row
 from workbench.studies.step_time import comm_size_table
@@ -42,6 +42,9 @@ class AdviceCheck:
         best_measured: The size (bytes) with the least measured step time.
         gap: Measured step at the advised size over the best measured, minus 1 (0.03 = 3% slower).
         label: What was swept: framework, strategy, precision, model size, N.
+        per_bucket_s: Seconds each bucket cost beyond its links, fitted to the sweep with ``base_s``
+            (:func:`~workbench.estimate.advisor.fit_bucket_costs`; 0 where the steps do not grow with the buckets).
+        base_s: Seconds of a step that do not depend on the buckets, fitted with ``per_bucket_s``.
     """
 
     advice: BucketAdvice
@@ -49,6 +52,8 @@ class AdviceCheck:
     best_measured: int
     gap: float
     label: str
+    per_bucket_s: float = 0.0
+    base_s: float = 0.0
 
     @property
     def spread_ms(self) -> float:
@@ -93,6 +98,7 @@ class AdviceCheck:
             "swept": self.label,
             "predicted sync, largest - smallest over the sizes": f"{spread:.1f} ms ({spread / step.median():.1%} of a step)",
             "measured step, slowest / fastest size": f"{step.max() / step.min():.2f}",
+            "cost per bucket beyond the links (fitted)": f"{self.per_bucket_s * 1e3:.2f} ms",
             "advised communication_size": f"{self.advice.communication_size / mib:g} MiB",
             "best measured": f"{self.best_measured / mib:g} MiB",
             "advised against best measured": f"{self.gap * 100:+.1f}%",
@@ -135,9 +141,11 @@ def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, 
     spec, n = run_model_spec(specs[0]), int(specs[0]["num_ranks"])
     kw = dict(sizes=sizes, strategy=strategy, framework=framework)
     bare = recommend_communication_size(spec, n, links, tolerance=tolerance, **kw)
-    base_s = max(0.0, float((measured / 1e3 - pd.Series({p.communication_size: p.predicted_sync_s
-                                                          for p in bare.curve})).median()))
-    advice = recommend_communication_size(spec, n, links, tolerance=tolerance, base_s=base_s, **kw)
+    # what the links leave of each size's step: a constant and a cost per bucket (packing, dispatch), fitted
+    base_s, per_bucket_s = fit_bucket_costs([p.num_buckets for p in bare.curve],
+                                            [measured[p.communication_size] / 1e3 - p.predicted_sync_s for p in bare.curve])
+    advice = recommend_communication_size(spec, n, links, tolerance=tolerance, base_s=base_s, per_bucket_s=per_bucket_s,
+                                          **kw)
     best = int(measured.idxmin())
     rows = [[p.communication_size / 2**20, p.num_buckets, p.predicted_sync_s * 1e3, p.predicted_step_s * 1e3,
              float(measured[p.communication_size]), float(low[p.communication_size]), float(high[p.communication_size]),
@@ -145,7 +153,8 @@ def advice_against_sweep(loaded, links: Mapping[tuple[str, str], AlphaBeta], *, 
              p.communication_size == best] for p in advice.curve]
     return AdviceCheck(advice=advice, table=pd.DataFrame(rows, columns=ADVICE_COLUMNS), best_measured=best,
                        gap=float(measured[advice.communication_size] / measured[best] - 1),
-                       label=f"{framework} {strategy} {precision}, {spec.num_params / 1e6:.1f}M parameters, N = {n}")
+                       label=f"{framework} {strategy} {precision}, {spec.num_params / 1e6:.1f}M parameters, N = {n}",
+                       per_bucket_s=per_bucket_s, base_s=base_s)
 
 
 def fig_bucket_advice(check: AdviceCheck, *, height: int = 440) -> go.Figure:
@@ -166,7 +175,7 @@ def fig_bucket_advice(check: AdviceCheck, *, height: int = 440) -> go.Figure:
                              error_y=dict(type="data", symmetric=False, array=(t["measured p75 (ms)"] - step).tolist(),
                                           arrayminus=(step - t["measured p25 (ms)"]).tolist(), thickness=1.2)))
     fig.add_trace(go.Scatter(x=x, y=t["predicted step (ms)"].tolist(), mode="lines+markers",
-                             name="predicted step (links + constant)", line=dict(color="#F58518", dash="dash")))
+                             name="predicted step (links + per bucket + constant)", line=dict(color="#F58518", dash="dash")))
     for flag, label, color, symbol in (("advised", "advised", "#E45756", "star"),
                                        ("best measured", "best measured", "#54A24B", "circle-open")):
         row = t[t[flag]].iloc[0]
