@@ -78,5 +78,7 @@ def test_a_sweeps_cost_per_bucket_is_fitted_beside_its_constant():
     # a line crossing below 0 at no buckets: through the origin instead, never a negative constant
     base, per = fit_bucket_costs([2, 4], [0.001, 0.009])
     assert base == 0.0 and per == pytest.approx((2 * 0.001 + 4 * 0.009) / 20)
-    with pytest.raises(ValueError, match="2 bucket counts against 1 finite residuals"):
+    with pytest.raises(ValueError, match="2 bucket counts against 1 residuals"):
         fit_bucket_costs([1, 2], [0.1])
+    with pytest.raises(ValueError, match=r"residuals \[0.1, nan\] are not all finite"):
+        fit_bucket_costs([1, 2], [0.1, float("nan")])

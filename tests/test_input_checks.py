@@ -94,6 +94,14 @@ def test_from_shapes_explains_a_list_and_a_bare_dimension():
 def test_hsdp_replica_groups_are_checked_and_named(fields, why):
     with pytest.raises(ValueError, match=why):
         RunSpec(**{"framework": "jax", "global_batch": 8, **fields})
-    # a run without replica groups keeps the id it had before the field existed
-    assert "num_replicas" not in RunSpec(framework="jax", strategy="fsdp-row").to_dict()
-    assert RunSpec(framework="jax", strategy="hsdp-row", num_ranks=4, num_replicas=2, global_batch=8).shard_group_size == 2
+
+
+def test_replica_groups_keep_old_run_ids_and_a_spec_dict_is_held_to_the_same_rule():
+    from workbench.runs.spec import shard_groups
+
+    assert "num_replicas" not in RunSpec(framework="jax", strategy="fsdp-row").to_dict()  # the id it had before
+    hsdp = RunSpec(framework="jax", strategy="hsdp-row", num_ranks=4, num_replicas=2, global_batch=8)
+    assert hsdp.shard_group_size == 2 and shard_groups(hsdp.to_dict()) == (2, 2)
+    for fields in (dict(strategy="hsdp-row", num_ranks=4), dict(strategy="ddp", num_ranks=4, num_replicas=2)):
+        with pytest.raises(ValueError, match=f"num_replicas={fields.get('num_replicas', 1)} with strategy"):
+            shard_groups(fields)

@@ -32,7 +32,8 @@ from workbench.strategies import get_strategy, strategies
 #: Strategies the advisor prices: DDP all-reduces each bucket; FSDP reduce-scatters and all-gathers it.
 #: What the advisor prices: the strategies that sync by buckets of ``communication_size`` and keep the
 #: parameters whole (DDP, ZeRO-1/2-like); a unit-gathering strategy has no bucket size to advise.
-ADVISED_STRATEGIES = tuple(s.name for s in strategies() if s.units == "buckets" and not s.gathers_units)
+ADVISED_STRATEGIES = tuple(s.name for s in strategies() if s.units == "buckets" and not s.gathers_units
+                           and not s.replicas)  # HSDP's buckets also cross its replica groups: not priced here
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,8 +172,10 @@ def fit_bucket_costs(num_buckets: Sequence[int], residual_s: Sequence[float]) ->
         ValueError: no sizes, or the two sequences of different lengths.
     """
     b, r = np.asarray(num_buckets, dtype=float), np.asarray(residual_s, dtype=float)
-    if not len(b) or b.shape != r.shape or not np.isfinite(r).all():
-        raise ValueError(f"fit_bucket_costs: {len(b)} bucket counts against {len(r)} finite residuals")
+    if not len(b) or b.shape != r.shape:
+        raise ValueError(f"fit_bucket_costs: {len(b)} bucket counts against {len(r)} residuals")
+    if not np.isfinite(r).all():
+        raise ValueError(f"fit_bucket_costs: residuals {r.tolist()} are not all finite (a size with no steps?)")
     flat = (max(0.0, float(np.median(r))), 0.0)
     if len(set(b.tolist())) < 2:
         return flat

@@ -161,7 +161,8 @@ class RunLimits:
 
     Attributes:
         step_timeout_s: Longest wait for the next step once the first has finished.
-        startup_timeout_s: Longest wait for the first step (imports, compilation).
+        startup_timeout_s: Longest wait for the first step (imports, compilation); on other hosts, also for their
+            engines to start, before that wait.
         timeout_s: Longest wait for the whole run, from :func:`run_training`'s call: building a user's model
             there (:func:`build_user_model`) counts, and so does every engine's run.
     """
@@ -250,9 +251,8 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
     if pool is not None and not isinstance(pool, EnginePool):
         raise ValueError(f"pool={pool!r}: must be an EnginePool or None.")
     # a user's factory may change its process, so its runs start their own engines (as on other hosts)
-    # engines on other hosts must all register within the startup bound too (start_remote_engines' timeout_s)
     runner = pool.run if pool is not None and placement.hosts is None and spec.model_factory is None \
-        else placement.runner(timeout_s=startup_timeout_s)
+        else placement.runner(timeout_s=min(startup_timeout_s, timeout_s))
     store = RunStore(Path(runs_root))
     spec_dict = spec.to_dict()
     if skip_done and store.is_done(spec_dict):

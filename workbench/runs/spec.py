@@ -44,9 +44,21 @@ class FrozenModel(dict):
 
 
 def shard_groups(fields: Mapping[str, Any]) -> tuple[int, int]:
-    """``(N, R)`` of a run's spec dict: the ranks its states are sharded over, and its replica groups (HSDP's; else 1)."""
-    replicas = fields.get("num_replicas", 1)
-    return fields["num_ranks"] // replicas, replicas
+    """``(N, R)`` of a run's spec dict: the ranks its states are sharded over, and its replica groups (HSDP's; else 1).
+
+    Raises:
+        ValueError: replica groups a strategy without them, or a replicating strategy's R that does not split the
+            ranks into groups of 2 or more (as :class:`RunSpec` refuses them).
+    """
+    replicas, ranks = fields.get("num_replicas", 1), fields["num_ranks"]
+    if get_strategy(fields["strategy"]).replicas:
+        fine = replicas >= 2 and ranks % replicas == 0 and ranks // replicas >= 2
+    else:
+        fine = replicas == 1
+    if not fine:
+        raise ValueError(f"num_replicas={replicas!r} with strategy {fields['strategy']!r} on num_ranks={ranks}: "
+                         "HSDP needs 2 or more groups of 2 or more ranks; other strategies have none")
+    return ranks // replicas, replicas
 
 
 @dataclass(frozen=True, kw_only=True)

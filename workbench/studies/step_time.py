@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 from workbench.core.buckets import plan_buckets
 from workbench.estimate.comm import AlphaBeta, CommEstimate, bus_factor, estimate_comm, fit_alpha_beta, ring_steps
 from workbench.runs.estimate import estimate_run_memory, run_model_spec, spec_from_row
+from workbench.runs.spec import shard_groups
 from workbench.runs.store import RunStore
 from workbench.studies.runs import after_warmup
 from workbench.views.style import TEMPLATE
@@ -77,7 +78,8 @@ def comm_size_table(loaded, links: Mapping[tuple[str, str], AlphaBeta] | None = 
         spec = spec_from_row(run)
         steps = loaded.steps[loaded.steps.run_id == run.run_id]
         buckets = plan_buckets(run_model_spec(spec), spec["communication_size"])
-        comm = estimate_comm(buckets, spec["strategy"], spec["num_ranks"])
+        n, replicas = shard_groups(spec)
+        comm = estimate_comm(buckets, spec["strategy"], n, num_replicas=replicas)
         step_s, sync_s = steady_median(steps, "step_time_s"), steady_median(steps, "sync_time_s")
         quartiles = steady_quartiles(steps, "step_time_s") or (None, None)
         peak = steps["peak_array_bytes"].max() if "peak_array_bytes" in steps and steps["peak_array_bytes"].notna().any() else None

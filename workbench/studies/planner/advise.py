@@ -236,18 +236,7 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
     priced = [price_candidate(s, profile, shapes, memory_bytes=memory_bytes, safety_margin=safety_margin,
                               predict_step=predict) for s in specs]
     ranked = rank_candidates(priced, memory_bytes, safety_margin)
-    notes = []
-    hybrid = [s for s in strategies() if s.replicas]  # shard within a host, replicate across
-    grouped = [s.name for s in hybrid if framework in s.frameworks and groups is not None]
-    if grouped:
-        notes.append(f"{', '.join(grouped)}: {groups} replica groups of {num_ranks // groups} ranks, one per host; its "
-                     "collectives within a host and across hosts are priced with this placement's links alike")
-    if len(grouped) < len(hybrid):
-        where = (f"{framework} does not run it" if groups is not None else "one host: nothing to replicate across"
-                 if ranks_at is None or len(set(ranks_at)) < 2 else "the hosts do not each hold the same number of "
-                 "ranks, 2 or more")
-        notes.append(f"{', '.join(s.name for s in hybrid if s.name not in grouped)} (shard within a host, replicate "
-                     f"across) not priced: {where}")
+    notes = hybrid_notes(framework, groups, ranks_at, {c.spec.strategy for c in priced})
     pick = ranked[0] if ranked and ranked[0].fits else None
     if pick is None:
         smallest = min(priced, key=lambda c: c.predicted_peak_bytes) if priced else None
@@ -258,3 +247,28 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
                       left_out=tuple(left_out), notes=tuple(notes), base=base, model_spec=shapes)
 
 
+
+
+def hybrid_notes(framework: str, groups: int | None, ranks_at: tuple[int, ...] | None, priced: set[str]) -> list[str]:
+    """What the advice says of the strategies that shard within a host and replicate across (HSDP): the groups of
+    those it priced, and for each other why not (modelled only, not run by ``framework``, or the placement)."""
+    notes, why_not = [], {}
+    for record in (s for s in strategies() if s.replicas):
+        if record.name in priced:
+            notes.append(f"{record.name}: {groups} replica groups of {len(ranks_at) // groups} ranks, one per host; its "
+                         "collectives within a host and across hosts are priced with this placement's links alike")
+            continue
+        if not record.frameworks:
+            why = "modelled only, no framework runs it"
+        elif framework not in record.frameworks:
+            why = f"{framework} does not run it"
+        elif ranks_at is None or len(set(ranks_at)) < 2:
+            why = "one host: nothing to replicate across"
+        elif groups is None:
+            why = "the hosts do not each hold the same number of ranks, 2 or more"
+        else:
+            why = "the model does not split over its shard groups"
+        why_not.setdefault(why, []).append(record.name)
+    notes += [f"{', '.join(names)} (shard within a host, replicate across) not priced: {why}"
+              for why, names in why_not.items()]
+    return notes
