@@ -138,14 +138,15 @@ def test_validation_runs_the_pick_the_runner_up_and_ddp_or_the_smallest_whole_pa
 def test_a_missed_target_names_the_term_that_was_off():
     pick = advise(4 * GiB).recommended
     s = pick.step
-    comm = s.comm_s + s.per_bucket_s
-    assert off_terms(pick, pick.predicted_step_s, comm, pick.predicted_peak_bytes) == ()
-    # the sync measured at twice its price, the rest as predicted
-    off = off_terms(pick, s.compute_s + s.update_s + 2 * comm + 0.5 * pick.predicted_step_s, 2 * comm + 0.5 *
-                    pick.predicted_step_s, pick.predicted_peak_bytes)
-    assert len(off) == 1 and off[0].startswith("the collectives and per-bucket cost are underpriced")
-    off = off_terms(pick, 1.3 * (s.compute_s + s.update_s) + comm, comm, int(pick.predicted_peak_bytes * 1.2))
-    assert off[0].startswith("compute and update 30% over") and off[1].startswith("peak 20% over")
+    after = s.comm_s + s.per_bucket_s + s.update_s + s.overhead_s  # what the ranks time after the backward
+    assert off_terms(pick, pick.predicted_step_s, after, pick.predicted_peak_bytes) == ()
+    # after the backward at twice its price plus half a step, the forward and backward as predicted
+    slow = 2 * after + 0.5 * pick.predicted_step_s
+    off = off_terms(pick, s.compute_s + slow, slow, pick.predicted_peak_bytes)
+    assert len(off) == 1 and off[0].startswith("the sync and update (collectives, per-bucket cost, optimizer, "
+                                               "overhead) are underpriced")
+    off = off_terms(pick, 1.3 * s.compute_s + after, after, int(pick.predicted_peak_bytes * 1.2))
+    assert off[0].startswith("forward and backward 30% over") and off[1].startswith("peak 20% over")
 
 
 def test_the_pareto_figure_marks_the_budget_and_the_pick():

@@ -158,9 +158,13 @@ def test_the_off_term_is_the_side_the_measurement_points_to():
     p = StepTimePrediction(compute_s=0.08, update_s=0.01, comm_s=0.006, per_bucket_s=0.004)  # 100 ms
     assert off_term(p, 0.105) == (None, "within 10%: measured 105.0 ms, predicted 100.0 ms")
     assert off_term(p, 0.2)[0] == "compute"  # no sync measured: the largest term needs the least correction
-    assert off_term(p, 0.2, measured_sync_s=0.11)[0] == "collectives"  # the sync took the extra 100 ms
-    term, why = off_term(p, 0.2, measured_sync_s=0.01)
-    assert term == "compute" and "the rest 190.0 against 90.0" in why
+    wire = StepTimePrediction(compute_s=0.08, update_s=0.004, comm_s=0.012, per_bucket_s=0.004)  # 100 ms
+    assert off_term(wire, 0.2, measured_sync_s=0.12)[0] == "collectives"  # after the backward: the extra 100 ms
+    # what the ranks time after the backward holds the update too: 10 ms over 20 predicted points to the update
+    assert off_term(StepTimePrediction(compute_s=0.08, update_s=0.015, comm_s=0.003, per_bucket_s=0.002), 0.13,
+                    measured_sync_s=0.05)[0] == "update"
+    term, why = off_term(p, 0.2, measured_sync_s=0.02)
+    assert term == "compute" and "the forward and backward 180.0 against 80.0" in why
     assert off_term(StepTimePrediction(compute_s=0.01, update_s=0.05, comm_s=0.0, per_bucket_s=0.0), 0.2)[0] == "update"
 
 
@@ -177,8 +181,9 @@ def test_step_time_validation_sets_the_measured_beside_the_predicted_and_names_t
     row = RunSpec(**{**ddp.to_dict(), "strategy": "fsdp-row"})
     profile = profile_of(ddp)
     predicted = {s.strategy: predict_run_step_time(s, profile, LINKS) for s in (ddp, row)}
-    stored_run(tmp_path, ddp, predicted["ddp"].total_s * 1.05, sync_s=predicted["ddp"].comm_s)  # within
-    sync = predicted["fsdp-row"].comm_s + 0.05  # its collectives took 50 ms more than the links say
+    stored_run(tmp_path, ddp, predicted["ddp"].total_s * 1.05, sync_s=predicted["ddp"].total_s - predicted["ddp"].compute_s)
+    row_p = predicted["fsdp-row"]  # after its backward, its collectives took 50 ms more than the links say
+    sync = row_p.comm_s + row_p.per_bucket_s + row_p.update_s + row_p.overhead_s + 0.05
     stored_run(tmp_path, row, predicted["fsdp-row"].total_s + 0.05, sync_s=sync)
     table = step_time_validation(load_runs(tmp_path), profile, LINKS).set_index("strategy")
     assert table.loc["ddp", "measured_ms"] == pytest.approx(predicted["ddp"].total_s * 1.05e3)  # the first step left out
@@ -186,12 +191,12 @@ def test_step_time_validation_sets_the_measured_beside_the_predicted_and_names_t
     assert bool(table.loc["ddp", "within"]) and pd.isna(table.loc["ddp", "off_term"])
     assert not table.loc["fsdp-row", "within"] and table.loc["fsdp-row", "off_term"] == "collectives"
     assert table.loc["fsdp-row", "measured_sync_ms"] == pytest.approx(sync * 1e3)
-    assert "sync measured" in table.loc["fsdp-row", "why"]
+    assert "after the backward (sync, update) measured" in table.loc["fsdp-row", "why"]
 
 
 def test_the_trainers_step_overhead_is_a_term_of_its_own_once_per_step():
     """The profile times the real trainer's step beside its parts; what the step takes beyond them is predicted
-    once per step (not per micro-batch), slowed as compute is, and is named where the rest of a step is off."""
+    once per step (not per micro-batch), slowed as compute is, and is named where what follows the backward is off."""
     spec = RunSpec(framework="mlx", strategy="ddp", num_ranks=2, global_batch=8, model=LM)
     # steps of 30 and 31 ms at b = 2, after a bare forward and backward of 20 ms and an update of 4 ms: 6.5 ms
     profile = profile_of(spec, step=(0.030, 0.031))
@@ -206,7 +211,7 @@ def test_the_trainers_step_overhead_is_a_term_of_its_own_once_per_step():
                                                                                                 step=(0.030, 0.031)), LINKS)
     assert slow.overhead_s == pytest.approx(2 * 0.0065)  # 4 ranks of 1 thread on 2 cores: CPU work at half speed
     big = StepTimePrediction(compute_s=0.01, update_s=0.001, comm_s=0.001, per_bucket_s=0.0, overhead_s=0.02)
-    assert off_term(big, 0.1, measured_sync_s=0.002)[0] == "overhead"
+    assert off_term(big, 0.1, measured_sync_s=0.09)[0] == "overhead"  # the ranks time it after the backward
 
 
 def test_a_profile_measured_by_as_many_processes_as_ranks_per_host_holds_their_contention():

@@ -200,8 +200,9 @@ def off_term(prediction: StepTimePrediction, measured_s: float, measured_sync_s:
              tolerance: float = STEP_TIME_TOLERANCE, comm_at_mean_s: float | None = None) -> tuple[str | None, str]:
     """The term of ``prediction`` that is off where the measured step misses it by more than ``tolerance``.
 
-    Where the run measured its sync apart (MLX's bucketed steps: ``sync_time_s``), the side that misses more
-    is found first: the sync (collectives, per bucket) or the rest (compute, update, overhead). On that side (or
+    Where the run measured its sync apart (MLX's bucketed steps: ``sync_time_s``, everything after the forward and
+    backward), the side that misses more is found first: that part (collectives, per bucket, update, overhead) or
+    the forward and backward (compute). On that side (or
     among all the terms, without a measured sync) the term named is the largest predicted one: the one that would need
     the smallest relative correction to close the gap. Without a measured sync (a JAX step is one program), the
     collectives are named first where pricing them at their calls' mean (``comm_at_mean_s``: links fitted to the
@@ -218,12 +219,13 @@ def off_term(prediction: StepTimePrediction, measured_s: float, measured_sync_s:
     side, detail = TERMS, ""
     if measured_sync_s is not None:
         sync = _nonnegative("measured_sync_s", measured_sync_s)
-        sync_pred = prediction.comm_s + prediction.per_bucket_s
-        rest_pred = prediction.compute_s + prediction.update_s + prediction.overhead_s
+        rest_pred = prediction.compute_s  # the ranks time the forward and backward, then everything after them
+        sync_pred = prediction.total_s - rest_pred
         rest_gap = (measured - sync) - rest_pred
-        side = ("collectives", "per_bucket") if abs(sync - sync_pred) > abs(rest_gap) else ("compute", "update", "overhead")
-        detail = (f"; sync measured {sync * 1e3:.1f} ms against {sync_pred * 1e3:.1f} predicted, the rest "
-                  f"{(measured - sync) * 1e3:.1f} against {rest_pred * 1e3:.1f}")
+        side = ("collectives", "per_bucket", "update", "overhead") if abs(sync - sync_pred) > abs(rest_gap) \
+            else ("compute",)
+        detail = (f"; after the backward (sync, update) measured {sync * 1e3:.1f} ms against {sync_pred * 1e3:.1f} "
+                  f"predicted, the forward and backward {(measured - sync) * 1e3:.1f} against {rest_pred * 1e3:.1f}")
     elif comm_at_mean_s is not None:
         at_mean = predicted - prediction.comm_s + _nonnegative("comm_at_mean_s", comm_at_mean_s)
         if abs(measured - at_mean) <= abs(gap) / 2:
