@@ -69,6 +69,12 @@ class StepTimePrediction:
         """The step: the sum of the terms, in seconds."""
         return self.compute_s + self.update_s + self.comm_s + self.per_bucket_s + self.overhead_s
 
+    @property
+    def after_backward_s(self) -> float:
+        """The terms after the forward and backward (collectives, per bucket, update, overhead): what MLX's ranks
+        time apart as ``sync_time_s``."""
+        return self.total_s - self.compute_s
+
     def term_s(self, term: str) -> float:
         """Seconds of one of :data:`TERMS`."""
         if term not in TERMS:
@@ -219,8 +225,7 @@ def off_term(prediction: StepTimePrediction, measured_s: float, measured_sync_s:
     side, detail = TERMS, ""
     if measured_sync_s is not None:
         sync = _nonnegative("measured_sync_s", measured_sync_s)
-        rest_pred = prediction.compute_s  # the ranks time the forward and backward, then everything after them
-        sync_pred = prediction.total_s - rest_pred
+        rest_pred, sync_pred = prediction.compute_s, prediction.after_backward_s
         rest_gap = (measured - sync) - rest_pred
         side = ("collectives", "per_bucket", "update", "overhead") if abs(sync - sync_pred) > abs(rest_gap) \
             else ("compute",)

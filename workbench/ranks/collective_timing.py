@@ -56,9 +56,10 @@ def _bench_jax(spec: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from workbench.adapters.jax.distributed import devices_by_process
     from workbench.adapters.jax.step_base import smap
 
-    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("x",))
+    mesh = Mesh(devices_by_process(), ("x",))
     bodies = {
         "all_reduce": lambda a: jax.lax.psum(a, "x"),
         "all_gather": lambda a: jax.lax.all_gather(a, "x", tiled=True),

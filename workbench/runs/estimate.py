@@ -108,7 +108,7 @@ def estimate_run_memory(spec: Any, model_shapes: Any = None) -> MemoryEstimate:
         units=units, unit_buffers=impl.unit_buffers if impl is not None else "parameters_and_gradients",
         sync_in_place=impl is not None and impl.sync_per == "array",  # JAX's DDP: one psum per array, in place
         collective_scratch=impl.collective_scratch if impl is not None else 0.0,
-        activation_bytes=_activation_bytes(fields, fields["global_batch"] // (n * replicas * g), units_recomputed(fields)))
+        activation_bytes=_activation_bytes(fields, fields["global_batch"] // (fields["num_ranks"] * g), units_recomputed(fields)))
 
 
 def units_recomputed(fields: Mapping[str, Any], *, memory: bool = True) -> bool:

@@ -43,6 +43,11 @@ class FrozenModel(dict):
         return (FrozenModel, (dict(self),))
 
 
+def splits_into_groups(num_ranks: int, num_replicas: int) -> bool:
+    """Whether HSDP's ``num_replicas`` splits ``num_ranks`` into 2 or more equal groups of 2 or more ranks."""
+    return num_replicas >= 2 and num_ranks % num_replicas == 0 and num_ranks // num_replicas >= 2
+
+
 def shard_groups(fields: Mapping[str, Any]) -> tuple[int, int]:
     """``(N, R)`` of a run's spec dict: the ranks its states are sharded over, and its replica groups (HSDP's; else 1).
 
@@ -51,11 +56,7 @@ def shard_groups(fields: Mapping[str, Any]) -> tuple[int, int]:
             ranks into groups of 2 or more (as :class:`RunSpec` refuses them).
     """
     replicas, ranks = fields.get("num_replicas", 1), fields["num_ranks"]
-    if get_strategy(fields["strategy"]).replicas:
-        fine = replicas >= 2 and ranks % replicas == 0 and ranks // replicas >= 2
-    else:
-        fine = replicas == 1
-    if not fine:
+    if not (splits_into_groups(ranks, replicas) if get_strategy(fields["strategy"]).replicas else replicas == 1):
         raise ValueError(f"num_replicas={replicas!r} with strategy {fields['strategy']!r} on num_ranks={ranks}: "
                          "HSDP needs 2 or more groups of 2 or more ranks; other strategies have none")
     return ranks // replicas, replicas
@@ -139,8 +140,7 @@ class RunSpec:
             raise bad("defer_sync", f"strategy {self.strategy!r} syncs in every micro-batch's backward (MLX's "
                                     "fully_shard reduce-scatters every unit in its custom VJP): it cannot defer the sync "
                                     f"to the last of num_microbatches={self.num_microbatches}; pass defer_sync=False")
-        if record.replicas and (self.num_replicas < 2 or self.num_ranks % self.num_replicas
-                                or self.num_ranks // self.num_replicas < 2):
+        if record.replicas and not splits_into_groups(self.num_ranks, self.num_replicas):
             raise bad("num_replicas", f"strategy {self.strategy!r} shards within groups of num_ranks / num_replicas "
                                       f"ranks and replicates across the groups: num_replicas must be >= 2 and divide "
                                       f"num_ranks={self.num_ranks} into groups of at least 2 (else run fsdp-row or ddp)")

@@ -75,16 +75,22 @@ def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, bac
     return gloo_bound
 
 
+def devices_by_process():
+    """Every device of the run as a NumPy array, ordered by process (then id): mesh position r is process r's."""
+    import jax
+    import numpy as np
+
+    return np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+
+
 def process_mesh(num_replicas: int = 1):
     """Every device, ordered by process, as the run's mesh: ``("fsdp",)``, or under HSDP ``("replica", "fsdp")`` of
     shape ``(R, N / R)``, so that each replica group is ``N / R`` consecutive processes (a host's, as a launch places
     ranks host by host). Either way a batch sharded over all the mesh's axes gives process r the rows
     ``rank_slice(batch, r, N)``. Returns ``(mesh, data_axes)``: the axes to shard a batch's rows over."""
-    import jax
-    import numpy as np
     from jax.sharding import Mesh
 
-    devices = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    devices = devices_by_process()
     if num_replicas == 1:
         return Mesh(devices, ("fsdp",)), ("fsdp",)
     if len(devices) % num_replicas:

@@ -247,8 +247,6 @@ def advise_plan(model: Any, *, num_ranks: int | None = None, hosts: Any = None, 
                       left_out=tuple(left_out), notes=tuple(notes), base=base, model_spec=shapes)
 
 
-
-
 def hybrid_notes(framework: str, groups: int | None, ranks_at: tuple[int, ...] | None, priced: set[str]) -> list[str]:
     """What the advice says of the strategies that shard within a host and replicate across (HSDP): the groups of
     those it priced, and for each other why not (modelled only, not run by ``framework``, or the placement)."""

@@ -24,7 +24,7 @@ from workbench.estimate.advisor import default_sizes
 from workbench.runs.estimate import run_model_spec
 from workbench.runs.profile import ModelProfile
 from workbench.runs.profile_estimate import estimate_with_profile
-from workbench.runs.spec import RunSpec
+from workbench.runs.spec import RunSpec, splits_into_groups
 from workbench.strategies import get_strategy, strategies
 
 
@@ -123,8 +123,7 @@ def enumerate_candidates(base: RunSpec, model: ModelSpec, *, sizes: tuple[int, .
             continue
         impl = record.implementation(base.framework)
         by_size = record.units == "buckets" and impl.sync_per == "bucket"
-        groups = [r for r in replicas if r >= 2 and base.num_ranks % r == 0 and base.num_ranks // r >= 2] \
-            if record.replicas else [1]
+        groups = [r for r in replicas if splits_into_groups(base.num_ranks, r)] if record.replicas else [1]
         for r, size in ((r, size) for r in groups for size in (sizes if by_size else (base.communication_size,))):
             for g in divisors(per_rank):
                 for defer in (True,) if g == 1 else (True, False):

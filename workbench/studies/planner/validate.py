@@ -123,7 +123,7 @@ def off_terms(c: Candidate, step_s: float | None, sync_s: float | None, peak: in
     p = c.step
     if step_s is not None and abs(step_s / c.predicted_step_s - 1) > TARGET:
         if sync_s is not None:
-            after = p.comm_s + p.per_bucket_s + p.update_s + p.overhead_s
+            after = p.after_backward_s
             rest = step_s - sync_s
             if after and abs(sync_s / after - 1) > TARGET:
                 word = "underpriced" if sync_s > after else "overpriced"
