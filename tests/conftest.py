@@ -92,6 +92,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_mlx_hsdp_mpi": ENGINES,
     "test_mlx_lm_config": (),
     "test_mlx_lm_runs": ENGINES,
+    "test_mlx_ring": (),
     "test_mlx_peak_memory": ENGINES,
     "test_mlx_zero3": ENGINES,
     "test_models": (),

@@ -15,9 +15,10 @@ def _iters_for(size_bytes: int, iters: int) -> int:
 def _bench_mlx(spec: dict) -> dict:
     import mlx.core as mx
 
+    from workbench.adapters.mlx.ring import init_ring
     from workbench.adapters.mlx.transport import reduce_scatter, resolve_transport
 
-    group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
+    group = init_ring(os.environ.get("WORKBENCH_BACKEND", "ring"))
     n = group.size()
     rs_path = resolve_transport(group, "auto")  # the path fsdp_apply_gradients takes by default
     barrier = mx.zeros((1,))

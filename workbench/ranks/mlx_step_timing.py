@@ -39,6 +39,7 @@ from workbench.adapters.mlx.fsdp import (
     optimizer_state_bytes,
 )
 from workbench.adapters.mlx.resident import ResidentFsdp
+from workbench.adapters.mlx.ring import init_ring
 from workbench.adapters.mlx.rows import (
     bucket_matrix,
     bucket_row,
@@ -165,7 +166,7 @@ def main() -> None:
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
         raise SystemExit(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
-    group = mx.distributed.init(backend=os.environ.get("WORKBENCH_BACKEND", "ring"), strict=True)
+    group = init_ring(os.environ.get("WORKBENCH_BACKEND", "ring"))
     rank, size = group.rank(), group.size()
     link_times = {}
     if args.link_sizes:

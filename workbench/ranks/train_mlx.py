@@ -36,6 +36,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
     from workbench.strategies import get_strategy
     from workbench.adapters.mlx.agree import check_ranks_agree
     from workbench.adapters.mlx.base import make_optimizer as make_mlx_optimizer
+    from workbench.adapters.mlx.ring import init_ring
     from workbench.adapters.mlx.fsdp import optimizer_state_bytes
     from workbench.adapters.mlx.transport import has_sum_scatter
     from workbench.models.data import rank_slice
@@ -56,7 +57,7 @@ def train_mlx(spec: RunSpec, handle) -> dict:
         os.environ.pop("MLX_HOSTFILE", None)
         group = mx.distributed.init(strict=False)
     else:
-        group = mx.distributed.init(backend=backend, strict=True)
+        group = init_ring(backend)
     rank, size = group.rank(), group.size()
     report_phase(handle, PHASE_MODEL, rank)
     model, loss_fn = mlx_model_and_loss(spec)  # the built-in LM, or the user's factory (spec.model_factory)

@@ -48,7 +48,9 @@ def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, bac
     persistent compilation cache on (:func:`~workbench.adapters.jax.compile_cache.enable_compile_cache`).
 
     With gloo, CPU collectives go over gloo bound to this rank's host: ``$WORKBENCH_GLOO_HOST``
-    (:data:`GLOO_HOST_ENV`, set per rank by a multi-host plan), else the coordinator's host.
+    (:data:`GLOO_HOST_ENV`, set per rank by a multi-host plan), else the coordinator's host. A process other than
+    0 whose coordinator is on this machine's loopback first waits (1 s at most) for it to listen: JAX's client,
+    connecting before, retried only after about a second (:mod:`workbench.core.listeners`).
 
     Args:
         coordinator: ``host:port`` of process 0's coordinator.
@@ -63,8 +65,12 @@ def initialize_jax(coordinator: str, num_processes: int, process_id: int, *, bac
     import jax
 
     from workbench.adapters.jax.compile_cache import enable_compile_cache
+    from workbench.core.listeners import loopback, wait_for_listeners
 
     enable_compile_cache()  # before the first compile: the step compiled once on this machine is read back
+    coordinator_here = loopback(coordinator)
+    if process_id != 0 and coordinator_here is not None:  # not before it listens: JAX's client retries after ~1 s
+        wait_for_listeners([coordinator_here])
     gloo_bound = False
     if backend == "gloo":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
