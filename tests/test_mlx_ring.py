@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from workbench.adapters.mlx.ring import init_ring, peers_to_wait_for
+from workbench.adapters.mlx.ring import addresses_to_wait_for, init_ring, peers_to_wait_for
 from workbench.core.listeners import listening_ports, loopback, wait_for_listeners
 
 
@@ -49,6 +49,18 @@ def test_a_rank_that_never_listens_bounds_the_wait():
         s.bind(("127.0.0.1", 0))
         waited = wait_for_listeners([s.getsockname()], timeout_s=0.05)
     assert 0.05 <= waited < 1.0
+
+
+def test_a_ring_joined_already_waits_for_no_one(tmp_path):
+    """An engine kept for the next run holds its group (MLX's init returns it) and its peers listen no more: a wait
+    there would last its whole bound before every pooled run."""
+    hostfile = tmp_path / "hostfile.json"
+    hostfile.write_text('[["127.0.0.1:5001"], ["127.0.0.1:5002"]]')
+    environ = {"MLX_HOSTFILE": str(hostfile), "MLX_RANK": "1"}
+    assert addresses_to_wait_for("ring", environ, joined=set()) == [("127.0.0.1", 5001)]
+    assert addresses_to_wait_for("ring", environ, joined={"ring"}) == []
+    assert addresses_to_wait_for("mpi", environ, joined=set()) == []
+    assert addresses_to_wait_for("ring", {**environ, "MLX_RANK": "x"}, joined=set()) == []
 
 
 def test_a_hostfile_that_cannot_be_read_joins_at_once(tmp_path):

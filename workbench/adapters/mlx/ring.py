@@ -10,7 +10,8 @@ before its right neighbour did: joining 4 ranks started at once took 1.0-1.1 s i
 So the last rank waits, before it joins, until every other rank's address is listening (they all listen as they
 join), and only there: after its connect, each rank's right neighbour is listening already, so no connect of
 the chain fails. The wait is :func:`workbench.core.listeners.wait_for_listeners`: bounded, and only where every
-other rank is on a loopback address.
+other rank is on a loopback address. An engine kept for the next run (:mod:`workbench.launch.pool`) holds the
+group it joined, which MLX's ``init`` returns: nothing listens then, and no rank waits.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.listeners import loopback, wait_for_listeners
+
+_joined: set[str] = set()  # the backends this process joined (MLX keeps the group: a later init returns it)
 
 
 def peers_to_wait_for(hosts: list, rank: int) -> list[tuple[str, int]]:
@@ -33,17 +36,25 @@ def peers_to_wait_for(hosts: list, rank: int) -> list[tuple[str, int]]:
     return [] if None in wanted else wanted
 
 
+def addresses_to_wait_for(backend: str, environ: dict, joined: set[str]) -> list[tuple[str, int]]:
+    """What this process waits for before it joins ``backend``: :func:`peers_to_wait_for` of the hostfile and rank
+    in ``environ`` (``MLX_HOSTFILE``, ``MLX_RANK``) for a ring not yet ``joined`` here; none for another backend,
+    a ring this process joined already (a kept engine's group, which MLX's ``init`` returns: no one listens any
+    more), or a hostfile or rank that cannot be read (MLX then says what is wrong)."""
+    if backend != "ring" or backend in joined:
+        return []
+    try:
+        return peers_to_wait_for(json.loads(Path(environ["MLX_HOSTFILE"]).read_text()), int(environ["MLX_RANK"]))
+    except (KeyError, OSError, ValueError, TypeError):
+        return []
+
+
 def init_ring(backend: str = "ring", environ: dict | None = None) -> Any:
     """``mx.distributed.init(backend=backend, strict=True)``, the ring's last rank first waiting for the others to
-    listen (module docstring); any other backend, or a hostfile that cannot be read, joins at once."""
+    listen (module docstring, :func:`addresses_to_wait_for`)."""
     import mlx.core as mx
 
-    environ = os.environ if environ is None else environ
-    if backend == "ring":
-        try:
-            hosts = json.loads(Path(environ["MLX_HOSTFILE"]).read_text())
-            wanted = peers_to_wait_for(hosts, int(environ["MLX_RANK"]))
-        except (KeyError, OSError, ValueError, TypeError):
-            wanted = []
-        wait_for_listeners(wanted)
-    return mx.distributed.init(backend=backend, strict=True)
+    wait_for_listeners(addresses_to_wait_for(backend, os.environ if environ is None else environ, _joined))
+    group = mx.distributed.init(backend=backend, strict=True)
+    _joined.add(backend)
+    return group
