@@ -84,11 +84,14 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     outgoing connection also draws from: between our check and the rank's own ``bind``, a
     gloo or ZMQ connection can take it, and the rank fails ("Failed to start RPC server",
     "Address already in use"). Ports below that range are only ever taken by an explicit
-    listener, so the window is closed but for other listeners picking at random too.
+    listener, so the window is closed but for other listeners picking at random too. They are drawn
+    from the system's entropy, never from Python's global generator (which a model's seed sets).
     """
     low = max(ephemeral_port_range()[0], 2048)
     pool = range(max(1024, low - 12000), low)
-    candidates = random.sample(pool, min(count * 64, len(pool)))
+    # never the global generator: the driver seeds it (init_seed) as it builds a user's model, and two drivers that
+    # did so drew the same ports, so one run's last rank joined the other's rank 0 (ranks disagree on 'paths')
+    candidates = random.SystemRandom().sample(pool, min(count * 64, len(pool)))
     ports = []
     for port in candidates:
         with socket.socket() as s:
