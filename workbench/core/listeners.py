@@ -52,9 +52,11 @@ def _ip(hex_address: str) -> str:
     return str(mapped or ip)
 
 
-def _listens(wanted: tuple[str, int], listeners: set[tuple[str, int]]) -> bool:
-    """Whether ``wanted`` is served by one of ``listeners``: its own address, or every address (0.0.0.0, ::)."""
-    return any(port == wanted[1] and ip in (wanted[0], "0.0.0.0", "::") for ip, port in listeners)
+def _all_listen(wanted: list[tuple[str, int]], listeners: set[tuple[str, int]]) -> bool:
+    """Whether every address of ``wanted`` is served by one of ``listeners``: its own address, or every address
+    (0.0.0.0, ::) on its port."""
+    return all(any(port == w_port and ip in (w_ip, "0.0.0.0", "::") for ip, port in listeners)
+               for w_ip, w_port in wanted)
 
 
 def loopback(address: str) -> tuple[str, int] | None:
@@ -71,7 +73,7 @@ def wait_for_listeners(wanted: list[tuple[str, int]], timeout_s: float = WAIT_S)
     """Wait until every address of ``wanted`` is listening on this machine, at most ``timeout_s``; returns the
     seconds waited."""
     start = time.monotonic()
-    while wanted and not all(_listens(w, listening_ports()) for w in wanted):
+    while wanted and not _all_listen(wanted, listening_ports()):  # the tables read once a poll, for every address
         if time.monotonic() - start >= timeout_s:
             break
         time.sleep(POLL_S)
