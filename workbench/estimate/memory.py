@@ -244,13 +244,30 @@ def _unit_row(k: MemoryKnobs, b: _Bytes, spec: ModelSpec | None, psi_d: int) -> 
         return MemoryComponent("gathered_unit", psi_d * pb + largest * gb, unit_what)
     if k.unit_buffers == "mlx":  # gathered bucket + rebuild_arrays copies, full gradient, reduce-scatter buffers
         gather = (2 if n > 1 else 1) * largest * pb  # one rank: its copy of the rows, the arrays views of it
-        # 2 ranks: both rows concatenated, the all-gathered pair, the sum and its scaled copy (3 U, measured)
-        rs = 3 * largest * gb if n == 2 else largest * gb + 2 * -(-largest * gb // n)
+        rs = unit_reduce_scatter_bytes(largest * gb, n)
         return MemoryComponent("gathered_unit", gather + largest * gb + rs,
                                "largest unit (U): 2 U pb (all-gathered bucket + rebuild_arrays copies; U pb on one "
-                               "rank) + U gb (full gradient) + the reduce-scatter's buffers: 3 U gb at 2 ranks (both "
-                               "rows, the exchanged pair, the sum, its scaled copy), U gb (1 + 2 / N) otherwise")
+                               "rank) + U gb (full gradient) + the reduce-scatter's buffers: 2 U gb on one rank (the rows "
+                               "concatenated, their scaled copy), 3 U gb at 2 ranks (both rows, the exchanged pair, "
+                               "the sum, its scaled copy), U gb (1 + 2 / N) above")
     return MemoryComponent("gathered_unit", largest * (pb + gb), unit_what)
+
+
+def unit_reduce_scatter_bytes(unit_grad_bytes: int, n: int) -> int:
+    """What ``ShardedUnit.scatter`` holds at a step's peak while it reduce-scatters a unit's gradient of
+    ``unit_grad_bytes`` (U) over ``n`` ranks with the workbench's ring, beside the full gradient.
+
+    On a group of one: the rows concatenated and their scaled copy (2 U, measured alone and in the one-rank step the
+    profile times: 1 U less than the 2-rank figure it had used, which the profile's activations had absorbed). At 2
+    ranks 3 U (both rows concatenated, the all-gathered pair, the sum and its scaled copy), above ``U (1 + 2 / N)``
+    (the rows as exchanged, the received row and the sum). A reduce-scatter measured alone holds more (3.5 U at 2
+    ranks, 2.75 U at 4: every received row and partial sum to the ring's end) but in a step MLX frees part of it before
+    the peak: the 8-block LM of ``tests/test_mlx_zero3.py`` read 3.7 U of unit buffers in all at 4 ranks where the
+    isolated figures sum to 5.75 U. Held on 2 and 4 ranks' fsdp-full steps of the built-in LM and the attention
+    example (``benchmarks/bench_step_prediction.py``)."""
+    if n <= 1:
+        return 2 * unit_grad_bytes
+    return 3 * unit_grad_bytes if n == 2 else unit_grad_bytes + 2 * -(-unit_grad_bytes // n)
 
 
 def _scratch_row(k: MemoryKnobs, b: _Bytes, psi_d: int) -> MemoryComponent:
