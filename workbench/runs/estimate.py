@@ -3,9 +3,9 @@
 :func:`estimate_run_memory` turns a :class:`~workbench.runs.spec.RunSpec` into the :func:`~workbench.estimate.memory.estimate_memory`
 call that describes it: the LM's parameter shapes, the strategy, precision and optimizer, the bucket and shard
 plans of its ``communication_size`` over its shard group, activations, and what the framework's step writes beside the arrays it updates
-(:meth:`~workbench.strategies.Strategy.update_copies`: MLX's new parameter tree, and its resident FSDP's
-master shards; a jitted JAX step's new parameters and optimizer state, none where it is donated, as JAX's
-resident FSDP step). :mod:`workbench.studies.memory` sets it beside what the ranks measured.
+(:meth:`~workbench.strategies.Strategy.update_copies`: MLX's new parameter tree, and its resident FSDP's master shards; a
+jitted JAX step's new parameters and optimizer state, none where donated). :mod:`workbench.studies.memory` sets it
+beside what the ranks measured; :func:`predict_run_step_time` its step time.
 """
 
 from __future__ import annotations
@@ -220,8 +220,9 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
             processes at once (its ``co_runners``: :func:`~workbench.estimate.step_time.relative_slowdown`).
 
     Returns:
-        :class:`~workbench.estimate.step_time.StepTimePrediction`: compute (G micro-batches), update,
-        collectives (the strategy record's for G and ``defer_sync``), per-bucket and overhead seconds.
+        :class:`~workbench.estimate.step_time.StepTimePrediction`: compute (G micro-batches), update, collectives
+        (the record's for G and ``defer_sync`` as compiled: :meth:`~workbench.strategies.Strategy.compiled_collectives`),
+        per-bucket and overhead seconds.
 
     Raises:
         ValueError: the profile is of another model, precision, sequence length or framework, or a collective
@@ -243,7 +244,7 @@ def predict_run_step_time(spec: Any, profile: Any, links: Mapping, *, model_shap
         recompute_s_per_microbatch=profile.forward_s_at(b) if recompute else 0.0,
         update_s_per_param_byte=profile.update_s_per_param_byte,
         update_param_bytes=rank_update_bytes(model.nbytes, shape.num_ranks, record.sharded.optimizer),
-        collectives=record.step_collectives(shape), links=links, framework=fields["framework"],
+        collectives=record.compiled_collectives(shape, fields["framework"]), links=links, framework=fields["framework"],
         buckets_synced=len(shape.sync_bytes) * shape.syncs if by_buckets and n > 1 else 0, per_bucket_s=per_bucket_s,
         step_overhead_s=getattr(profile, "step_overhead_s", None) or 0.0)
 
@@ -253,8 +254,7 @@ def _check_profile_fits(fields: Mapping[str, Any], profile: Any) -> None:
     key = profile.key_fields
     model = ({"factory": fields["model_factory"], "source_sha256": fields.get("model_source_sha256")}
              if fields.get("model_factory") is not None else {"lm": dict(fields["model"])})
-    want = {"framework": fields["framework"], "precision": fields["precision"], "model": model,
-            "seq_len": fields["model"]["seq_len"]}
+    want = {"framework": fields["framework"], "precision": fields["precision"], "model": model, "seq_len": fields["model"]["seq_len"]}
     wrong = [f"{name}: {key.get(name)!r}, not {value!r}" for name, value in want.items() if key.get(name) != value]
     if wrong:
         raise ValueError(f"the profile {profile.key} measured another model than this run ({'; '.join(wrong)})")

@@ -69,6 +69,11 @@ class Implementation:
             MLX's resident FSDP step (a new parameter tree, and each bucket's master shard kept for the run).
         collective_scratch: Bytes its reduce-scatter's library holds beside the step, per input byte (the memory
             model's :attr:`~workbench.estimate.knobs.MemoryKnobs.collective_scratch`; 1.5 for XLA's on CPU).
+        reuses_gathers: Its compiled step gathers each unit once a step, backward and every micro-batch reusing it
+            (XLA: 8 all-gathers asked of the built-in LM's 4 units, 4 compiled; ``tests/test_jax_accum.py``). XLA also
+            compiles a step's all-reduces into one op, but its CPU all-reduce still runs one collective per operand
+            (JAX's DDP of the built-in LM on 4 ranks: 100-150 ms a step, its 20 arrays x 6 ring steps x 0.83 ms), so
+            those are priced as asked.
     """
 
     framework: str
@@ -79,6 +84,7 @@ class Implementation:
     defers_sync: bool = True
     update_copies: str = "parameters"
     collective_scratch: float = 0.0
+    reuses_gathers: bool = False
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_POLICIES or self.sync_per not in ("bucket", "array", "unit"):
@@ -255,6 +261,15 @@ class Strategy:
         if replicated:
             rows.append(Collective("all_reduce", s * u, s * unit_total / n, shape.num_replicas))
         return tuple(rows)
+
+    def compiled_collectives(self, shape: StepShape, framework: str) -> tuple[Collective, ...]:
+        """:meth:`step_collectives` as ``framework``'s compiled step runs them (what its time is): each unit gathered
+        once a step where :attr:`Implementation.reuses_gathers`."""
+        impl, out = self.implementation(framework), self.step_collectives(shape)
+        if impl.reuses_gathers and shape.units:
+            out = tuple(Collective("all_gather", len(shape.units), float(sum(b for b, _ in shape.units)), c.group_size)
+                        if c.kind == "all_gather" else c for c in out)
+        return out
 
     def collective_counts(self, shape: StepShape) -> dict[str, int]:
         """Collectives per step by kind (every kind of :data:`COLLECTIVE_KINDS`, zeros included)."""

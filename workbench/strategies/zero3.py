@@ -22,7 +22,7 @@ FSDP_FULL = register(Strategy(
         Implementation(framework="mlx", builder="workbench.adapters.mlx.zero3_trainer:make_zero3_trainer", sync_per="unit",
                        norm="always", unit_buffers="mlx"),
         Implementation(framework="jax", builder="workbench.adapters.jax.zero3:make_zero3_step", sync_per="unit",
-                       norm="max_norm", update_copies="parameters_and_state",  # not donated
+                       norm="max_norm", update_copies="parameters_and_state", reuses_gathers=True,  # not donated
                        unit_buffers="whole_model",  # XLA gathers every unit at once (estimate.knobs)
                        collective_scratch=1.5),  # XLA's CPU reduce-scatter over gloo (estimate.knobs)
     )))
