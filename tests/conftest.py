@@ -209,6 +209,7 @@ TEST_MARKERS: dict[str, tuple[str, ...]] = {
     "test_train_jax::test_the_collective_path_is_read_from_the_lowered_program": (),
     "test_training::test_bad_specs_are_refused_before_any_engine_starts": (),
     "test_training::test_a_port_clash_is_told_apart_from_other_failures": (),
+    "test_training::test_ranks_of_two_launches_that_drew_a_port_alike_are_told_apart_and_relaunched": (),
     "test_user_model_runs::test_old_specs_keep_their_run_ids_and_a_changed_model_source_is_a_new_run": (),
     "test_user_model_runs::test_bad_user_inputs_are_refused_naming_the_field": (),
     "test_validation::test_estimate_follows_the_framework_and_strategy": (),

@@ -215,3 +215,33 @@ def test_a_port_clash_is_told_apart_from_other_failures():
     assert is_port_clash("rank 0 failed (RuntimeError): [0:apply] RuntimeError: [ring] Couldn't bind socket (error: 98)")
     assert not is_port_clash("[ring] Couldn't bind socket (error: 99)")  # no such address: new ports will not help
     assert not is_port_clash("rank 1 failed (ValueError): shapes (4, 3) and (2,) do not match")
+
+
+def test_ranks_of_two_launches_that_drew_a_port_alike_are_told_apart_and_relaunched(monkeypatch):
+    """Two launches drawing one port both listen (the ring and gRPC's coordinator set SO_REUSEPORT), and ranks of
+    both can join one rendezvous: before this field they failed on whichever plan field differed first, or trained
+    together where nothing did. Every rank of a launch now carries one random value and compares it first."""
+    from workbench.core.fingerprint import LAUNCH_ENV, RanksDisagree, check_rows, fingerprint_row
+    from workbench.launch.plan import plan_launch
+    from workbench.launch.relaunch import is_port_clash
+    from workbench.ranks.user_model import agree_on_start, start_fingerprint
+
+    a, b = plan_launch(2, framework="mlx"), plan_launch(2, framework="mlx")
+    assert a.rank_env[0][LAUNCH_ENV] == a.rank_env[1][LAUNCH_ENV] != b.rank_env[0][LAUNCH_ENV]
+    params = [("w", np.zeros((2, 3), np.float32))]
+    fingerprints = []
+    for plan in (a, b):  # rank 0 of one launch and rank 1 of the other, the same model and plan
+        monkeypatch.setenv(LAUNCH_ENV, plan.rank_env[0][LAUNCH_ENV])
+        fingerprints.append(start_fingerprint(RunSpec(), params, 2))
+    assert list(fingerprints[0])[0] == "launch" and fingerprints[0]["paths"] == fingerprints[1]["paths"]
+    rows = [fingerprint_row(fp, 2) for fp in fingerprints]
+
+    def exchange(fingerprint):
+        check_rows(rows, fingerprint, 0)
+        return 0.0
+
+    with pytest.raises(RuntimeError) as crossed:
+        agree_on_start(exchange, fingerprints[0], RunSpec(), 0)
+    assert "ranks [1]" in str(crossed.value) and is_port_clash(f"rank 0 failed (RuntimeError): {crossed.value}")
+    with pytest.raises(RanksDisagree, match="'paths'"):  # a rank of the same launch with another plan: not relaunched
+        check_rows([rows[0], fingerprint_row({**fingerprints[0], "paths": ["v"]}, 2)], fingerprints[0], 0)

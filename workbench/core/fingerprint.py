@@ -21,6 +21,13 @@ MAX_FIELDS = 16
 #: First integer of every rank's row: a row without it was not a plan (the peer ran another collective).
 MARKER = 0x57424B31
 
+#: The environment variable a launch plan gives every rank of one launch, the same random value
+#: (:func:`workbench.launch.plan.plan_launch`); its ranks compare it first (the start fingerprint's ``launch``).
+LAUNCH_ENV = "WORKBENCH_LAUNCH"
+#: What a rank says when a rank of another launch joined its rendezvous: two launches drew a port alike, and the
+#: ring or coordinator (which listen with ``SO_REUSEPORT``) wired ranks of both. A relaunch on fresh ports cures it.
+ANOTHER_LAUNCH = "a rank of another launch joined this one"
+
 
 class RanksDisagree(ValueError):
     """The ranks' plans differ; ``field`` is the first differing field, ``ranks`` those that differ from rank 0."""

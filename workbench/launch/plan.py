@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from workbench.adapters.jax.compile_cache import compile_cache_dir
 from workbench.adapters.mlx.blas import blas_choice, mlx_rank_env
 from workbench.core.checks import integer
+from workbench.core.fingerprint import LAUNCH_ENV
 
 #: Hosts that are this machine: MLX ranks there get OpenBLAS (:mod:`workbench.adapters.mlx.blas`).
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -154,7 +156,9 @@ def plan_launch(
     ports = list(ports) if ports is not None else free_ports(needed, host)
     if len(ports) != needed:
         raise ValueError(f"ports: {framework} with {num_ranks} ranks needs {needed} port(s), got {len(ports)}.")
-    base = {**thread_env(num_ranks), **(env or {})}
+    # one value for every rank of this launch, compared first before step 0: a rank of another launch that drew a port
+    # alike is told apart, and the launch tried again (workbench.launch.relaunch)
+    base = {**thread_env(num_ranks), LAUNCH_ENV: secrets.token_hex(8), **(env or {})}
     rank_env = []
     for r in range(num_ranks):
         e = dict(base)

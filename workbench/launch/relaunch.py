@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from workbench.core.fingerprint import ANOTHER_LAUNCH
 from workbench.launch.engines import EngineFailure, EngineRun, start_engines
 from workbench.launch.plan import plan_launch
 
@@ -13,12 +14,13 @@ from workbench.launch.plan import plan_launch
 PORT_ATTEMPTS = 3
 _PORT_CLASH = ("Failed to start RPC server", "Failed to add port to server",  # JAX coordinator (gRPC)
                "Couldn't bind socket (error: 98)",  # MLX ring: EADDRINUSE
-               "Address already in use", "EADDRINUSE")
+               "Address already in use", "EADDRINUSE",
+               ANOTHER_LAUNCH)  # two launches drew a port alike: both listened (SO_REUSEPORT), their ranks crossed
 
 
 def is_port_clash(message: str) -> bool:
     """Whether an engine failure is a rendezvous port taken by another process (JAX's coordinator,
-    the MLX ring, NCCL), the one failure a relaunch on fresh ports cures."""
+    the MLX ring, NCCL) or shared with another launch's ranks, the one failure a relaunch on fresh ports cures."""
     return any(m in message for m in _PORT_CLASH)
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workbench.core.fingerprint import RanksDisagree, plan_fingerprint, weights_digest
+from workbench.core.fingerprint import ANOTHER_LAUNCH, LAUNCH_ENV, RanksDisagree, plan_fingerprint, weights_digest
 from workbench.core.fully_shard_plan import block_paths
 from workbench.core.specs import ModelSpec, spec_from_flat
 from workbench.ranks.model_vocab import check_model_vocab
@@ -224,10 +224,11 @@ def user_model_spec(spec) -> ModelSpec:
 
 def start_fingerprint(spec, params: list[tuple[str, Any]], group_size: int,
                       to_numpy: Callable[[Any], np.ndarray] = np.asarray) -> dict[str, Any]:
-    """What the ranks compare before the first step: the plan (paths, shapes, dtypes, strategy and
-    settings) and ``initial_weights``, a digest of the starting weights (``to_numpy`` turns one array
-    into NumPy)."""
-    fingerprint = plan_fingerprint(params, group_size=group_size, strategy=spec.strategy,
+    """What the ranks compare before the first step: first ``launch``, the value every rank of one launch was given
+    (:data:`~workbench.core.fingerprint.LAUNCH_ENV`; None outside a launch plan), then the plan (paths, shapes,
+    dtypes, strategy and settings) and ``initial_weights``, a digest of the starting weights (``to_numpy`` turns one
+    array into NumPy)."""
+    fingerprint = {"launch": os.environ.get(LAUNCH_ENV)} | plan_fingerprint(params, group_size=group_size, strategy=spec.strategy,
                                    communication_size=spec.communication_size, clipping=spec.max_norm is not None,
                                    num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
     fingerprint["initial_weights"] = weights_digest((path, to_numpy(a)) for path, a in params)
@@ -239,11 +240,15 @@ def agree_on_start(exchange: Callable[[dict], float], fingerprint: dict, spec, r
 
     Raises:
         RanksDisagree: the plans differ (naming the field).
+        RuntimeError: ranks of two launches joined one rendezvous (:data:`~workbench.core.fingerprint.ANOTHER_LAUNCH`).
         ValueError: on every rank, naming the ranks and the factory, when the starting weights differ.
     """
     try:
         return exchange(fingerprint)
     except RanksDisagree as err:
+        if err.field == "launch":
+            raise RuntimeError(f"rank {rank}: {ANOTHER_LAUNCH} (ranks {err.ranks} were started by another launch "
+                               "that drew the same rendezvous port): this launch is tried again on fresh ports") from None
         if err.field != "initial_weights":
             raise
         who = f"the model factory {spec.model_factory!r}" if spec.model_factory else "the built-in LM"
