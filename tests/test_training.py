@@ -218,9 +218,9 @@ def test_a_port_clash_is_told_apart_from_other_failures():
 
 
 def test_ranks_of_two_launches_that_drew_a_port_alike_are_told_apart_and_relaunched(monkeypatch):
-    """Two launches drawing one port both listen (the ring and gRPC's coordinator set SO_REUSEPORT), and ranks of
-    both can join one rendezvous: before this field they failed on whichever plan field differed first, or trained
-    together where nothing did. Every rank of a launch now carries one random value and compares it first."""
+    """Two launches drawing one port can cross (a rank connects to whichever launch listens there; gRPC's
+    coordinator sets SO_REUSEPORT): before this field their ranks failed on whichever plan field differed first, or
+    trained together where nothing did. Every rank of a launch now carries one random value and compares it first."""
     from workbench.core.fingerprint import LAUNCH_ENV, RanksDisagree, check_rows, fingerprint_row
     from workbench.launch.plan import plan_launch
     from workbench.launch.relaunch import is_port_clash

@@ -24,8 +24,9 @@ MARKER = 0x57424B31
 #: The environment variable a launch plan gives every rank of one launch, the same random value
 #: (:func:`workbench.launch.plan.plan_launch`); its ranks compare it first (the start fingerprint's ``launch``).
 LAUNCH_ENV = "WORKBENCH_LAUNCH"
-#: What a rank says when a rank of another launch joined its rendezvous: two launches drew a port alike, and the
-#: ring or coordinator (which listen with ``SO_REUSEPORT``) wired ranks of both. A relaunch on fresh ports cures it.
+#: What a rank says when a rank of another launch joined its rendezvous: two launches drew a port alike, and a rank
+#: of one connected to the other's listener (gRPC's coordinator and MLX's newer sockets set ``SO_REUSEPORT``, so
+#: both may listen). A relaunch on fresh ports cures it.
 ANOTHER_LAUNCH = "a rank of another launch joined this one"
 
 

@@ -15,7 +15,7 @@ PORT_ATTEMPTS = 3
 _PORT_CLASH = ("Failed to start RPC server", "Failed to add port to server",  # JAX coordinator (gRPC)
                "Couldn't bind socket (error: 98)",  # MLX ring: EADDRINUSE
                "Address already in use", "EADDRINUSE",
-               ANOTHER_LAUNCH)  # two launches drew a port alike: both listened (SO_REUSEPORT), their ranks crossed
+               ANOTHER_LAUNCH)  # two launches drew a port alike and their ranks crossed
 
 
 def is_port_clash(message: str) -> bool:
