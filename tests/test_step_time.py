@@ -116,6 +116,12 @@ def test_a_runs_prediction_follows_its_strategy_record():
     counts = get_strategy("fsdp-full").collective_counts(run_step_shape(RunSpec(**{**ddp.to_dict(),
                                                                                   "strategy": "fsdp-full"})))
     assert full.num_collectives == sum(counts.values()) and full.per_bucket_s == 0
+    # JAX's ZeRO-3 as XLA compiles it: each of the LM's units gathered once (8 asked, 4 run: test_jax_accum)
+    jax = dict(ddp.to_dict(), framework="jax", strategy="fsdp-full", max_norm=1.0)
+    compiled = predict_run_step_time(jax, profile_of(RunSpec(**jax)), {("jax", k): v for k, v in LINKS.items()})
+    asked = get_strategy("fsdp-full").collective_counts(run_step_shape(jax))
+    assert asked["all_gather"] == 2 * asked["reduce_scatter"] == 8
+    assert compiled.num_collectives == asked["reduce_scatter"] * 2 + asked["all_reduce"] == 9
 
 
 def test_a_profile_of_another_model_is_refused_naming_the_field():

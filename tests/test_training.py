@@ -243,5 +243,8 @@ def test_ranks_of_two_launches_that_drew_a_port_alike_are_told_apart_and_relaunc
     with pytest.raises(RuntimeError) as crossed:
         agree_on_start(exchange, fingerprints[0], RunSpec(), 0)
     assert "ranks [1]" in str(crossed.value) and is_port_clash(f"rank 0 failed (RuntimeError): {crossed.value}")
+    with pytest.raises(RanksDisagree) as sizes:  # a launch of another size crossed: still told by its launch
+        check_rows([rows[0], fingerprint_row(fingerprints[1], 4)], fingerprints[0], 0)
+    assert sizes.value.field == "launch"
     with pytest.raises(RanksDisagree, match="'paths'"):  # a rank of the same launch with another plan: not relaunched
         check_rows([rows[0], fingerprint_row({**fingerprints[0], "paths": ["v"]}, 2)], fingerprints[0], 0)

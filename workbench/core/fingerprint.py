@@ -97,8 +97,9 @@ def check_rows(rows: Sequence[Sequence[int]], fingerprint: Mapping[str, Any], ra
     strays = [r for r, row in enumerate(rows) if row[0] != MARKER]
     if strays:
         raise RanksDisagree("the step they are in", strays, rank, "comparing plans", out_of_step=True)
-    names = list(fingerprint)[:MAX_FIELDS]
-    found = first_mismatch(["group_size", "number of fields", *names], [list(row)[1:] for row in rows])
+    names = ["group_size", "number of fields", *list(fingerprint)[:MAX_FIELDS]]
+    order = [2, 0, 1, *range(3, len(names))] if names[2:3] == ["launch"] else range(len(names))  # which launch first
+    found = first_mismatch([names[i] for i in order], [[list(row)[1:][i] for i in order] for row in rows])
     if found is not None:
         name, ranks = found
         raise RanksDisagree(name, ranks, rank, fingerprint.get(name, len(fingerprint)))

@@ -156,9 +156,9 @@ def plan_launch(
     ports = list(ports) if ports is not None else free_ports(needed, host)
     if len(ports) != needed:
         raise ValueError(f"ports: {framework} with {num_ranks} ranks needs {needed} port(s), got {len(ports)}.")
-    # one value for every rank of this launch, compared first before step 0: a rank of another launch that drew a port
-    # alike is told apart, and the launch tried again (workbench.launch.relaunch)
-    base = {**thread_env(num_ranks), LAUNCH_ENV: secrets.token_hex(8), **(env or {})}
+    # one value for every rank of this launch (never the caller's: a copied environment would carry another's), compared
+    # first before step 0: a rank of another launch that drew a port alike is told apart, and the launch tried again
+    base = {**thread_env(num_ranks), **(env or {}), LAUNCH_ENV: secrets.token_hex(8)}
     rank_env = []
     for r in range(num_ranks):
         e = dict(base)

@@ -265,8 +265,8 @@ class Strategy:
     def compiled_collectives(self, shape: StepShape, framework: str) -> tuple[Collective, ...]:
         """:meth:`step_collectives` as ``framework``'s compiled step runs them (what its time is): each unit gathered
         once a step where :attr:`Implementation.reuses_gathers`."""
-        impl, out = self.implementation(framework), self.step_collectives(shape)
-        if impl.reuses_gathers and shape.units:
+        impl, out = self.implementation_in(framework), self.step_collectives(shape)
+        if impl is not None and impl.reuses_gathers and shape.units:  # a strategy only modelled: as asked
             out = tuple(Collective("all_gather", len(shape.units), float(sum(b for b, _ in shape.units)), c.group_size)
                         if c.kind == "all_gather" else c for c in out)
         return out
