@@ -98,8 +98,10 @@ def check_rows(rows: Sequence[Sequence[int]], fingerprint: Mapping[str, Any], ra
     if strays:
         raise RanksDisagree("the step they are in", strays, rank, "comparing plans", out_of_step=True)
     names = ["group_size", "number of fields", *list(fingerprint)[:MAX_FIELDS]]
-    order = [2, 0, 1, *range(3, len(names))] if names[2:3] == ["launch"] else range(len(names))  # which launch first
-    found = first_mismatch([names[i] for i in order], [[list(row)[1:][i] for i in order] for row in rows])
+    table = [list(row)[1:] for row in rows]
+    if names[2:3] == ["launch"]:  # which launch a rank is of, before its group's size (a launch of another size)
+        names, table = [names[2], *names[:2], *names[3:]], [[r[2], *r[:2], *r[3:]] for r in table]
+    found = first_mismatch(names, table)
     if found is not None:
         name, ranks = found
         raise RanksDisagree(name, ranks, rank, fingerprint.get(name, len(fingerprint)))

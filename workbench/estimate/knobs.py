@@ -120,8 +120,9 @@ class MemoryKnobs:
             (``2 U pb``; ``U pb`` on one rank, whose arrays are views of its copy), the unit's full gradient
             (``U gb``), and the reduce-scatter's buffers: ``2 U gb`` on one rank (the rows concatenated, their
             scaled copy), ``3 U gb`` at 2 ranks (both rows, the all-gathered pair, their sum and its scaled copy),
-            else ``U gb (1 + 2 / N)``: what a step holds at its peak (the one-rank figure measured alone, held with the
-            others on 2 and 4 ranks' steps: :func:`~workbench.estimate.memory.unit_reduce_scatter_bytes`). ``"sum_scatter_ring"``
+            else ``U gb (1 + 2 / N)``: what a step holds at its peak (the one-rank figure measured alone, held
+            with the others on 2 and 4 ranks' steps: :func:`~workbench.estimate.memory.unit_reduce_scatter_bytes`).
+            ``"sum_scatter_ring"``
             (without resharding: MLX's ``fully_shard`` on ring or MPI, ``sum_scatter`` supplied by the workbench's
             ring reduce-scatter): beside every gathered unit and the largest unit's gradient, the reduce-scatter's
             buffers: ``U gb (1 + 1/N)`` at 2 ranks (the exchange's two rows and the sum), ``2 U gb / N`` above (the

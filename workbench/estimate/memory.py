@@ -257,8 +257,8 @@ def unit_reduce_scatter_bytes(unit_grad_bytes: int, n: int) -> int:
     """What ``ShardedUnit.scatter`` holds at a step's peak while it reduce-scatters a unit's gradient of
     ``unit_grad_bytes`` (U) over ``n`` ranks with the workbench's ring, beside the full gradient.
 
-    On a group of one: the rows concatenated and their scaled copy (2 U, measured alone and in the one-rank step the
-    profile times: 1 U less than the 2-rank figure it had used, which the profile's activations had absorbed). At 2
+    On a group of one: the rows concatenated and their scaled copy (2 U, measured alone; 1 U less than the 2-rank
+    figure used before, so the activations derived from the profile's one-rank step came 1 U short). At 2
     ranks 3 U (both rows concatenated, the all-gathered pair, the sum and its scaled copy), above ``U (1 + 2 / N)``
     (the rows as exchanged, the received row and the sum). A reduce-scatter measured alone holds more (3.5 U at 2
     ranks, 2.75 U at 4: every received row and partial sum to the ring's end) but in a step MLX frees part of it before

@@ -228,9 +228,10 @@ def start_fingerprint(spec, params: list[tuple[str, Any]], group_size: int,
     (:data:`~workbench.core.fingerprint.LAUNCH_ENV`; None outside a launch plan), then the plan (paths, shapes,
     dtypes, strategy and settings) and ``initial_weights``, a digest of the starting weights (``to_numpy`` turns one
     array into NumPy)."""
-    fingerprint = {"launch": os.environ.get(LAUNCH_ENV)} | plan_fingerprint(params, group_size=group_size, strategy=spec.strategy,
-                                   communication_size=spec.communication_size, clipping=spec.max_norm is not None,
-                                   num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    plan = plan_fingerprint(params, group_size=group_size, strategy=spec.strategy,
+                            communication_size=spec.communication_size, clipping=spec.max_norm is not None,
+                            num_microbatches=spec.num_microbatches, defer_sync=spec.defer_sync)
+    fingerprint = {"launch": os.environ.get(LAUNCH_ENV), **plan}
     fingerprint["initial_weights"] = weights_digest((path, to_numpy(a)) for path, a in params)
     return fingerprint
 
