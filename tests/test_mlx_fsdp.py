@@ -1,6 +1,8 @@
 """The MLX FSDP step equals DDP: on real processes (ring backend, 2 and 4 ranks) and in one process."""
 
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
@@ -11,7 +13,8 @@ from mlx.utils import tree_flatten
 from workbench import plan_buckets, plan_shards
 from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.adapters.mlx.fsdp import fsdp_apply_gradients, optimizer_state_bytes
-from workbench.launch.plan import plan_launch
+from workbench.core.envvars import RING_PIECE_BYTES, RING_PIECE_ENV
+from workbench.launch.plan import plan_launch, thread_env
 from workbench.launch.local_run import LaunchError, run_local, run_worker
 
 from programs import rank_env
@@ -72,6 +75,23 @@ def test_fsdp_is_mlx_v0320_fsdp_apply_gradients_bit_for_bit_at_two_ranks(ring_ru
                 assert got[path] == want[path], path
             else:
                 assert_close(got[path], want[path], RTOL["float32"])
+
+
+def test_a_gather_in_pieces_equals_mlxs_one_call_bit_for_bit(ring_run):
+    """Where a launch puts more ranks on a host than half its cores, MLX's ring ranks gather a shard of 512 KiB or
+    more in pieces under it (launch.plan.thread_env); what comes back is MLX's own all_gather's, bit for bit, in
+    rank order, and the 2-rank reduce-scatter through it is too."""
+    n, ranks = ring_run
+    for rank in ranks:
+        one, pieces = rank["pieces"]["one call"], rank["pieces"]["pieces"]
+        assert one["calls"] == {"all_gather": 1} and pieces["calls"] == {"all_gather": 4}  # 3 x 256 KiB and a part
+        if n == 2:  # the reduce-scatter is one exchange of the other rank's row, in pieces as the gather
+            assert one["rs_calls"] == {"all_gather": 1} and pieces["rs_calls"] == {"all_gather": 4}
+        else:  # a ring of sends and receives, one socket thread each: never in pieces
+            assert one["rs_calls"] == pieces["rs_calls"] == {"send": n - 1, "recv_like": n - 1}
+        assert pieces["gathered"] == one["gathered"] and pieces["summed"] == one["summed"]
+        assert len(one["gathered"]) == n * 200_003
+        assert one["gathered"][rank["rank"] * 200_003:(rank["rank"] + 1) * 200_003] == rank["pieces"]["own"]
 
 
 def test_grad_norm_is_the_norm_of_the_averaged_gradient(ring_run):
@@ -261,6 +281,13 @@ def test_launch_plans_wire_each_backend():
     assert [(e["CUDA_VISIBLE_DEVICES"], e["NCCL_PORT"], e["MLX_WORLD_SIZE"]) for e in nccl.rank_env] == [("0", "7100", "2"), ("1", "7100", "2")]
     jax = plan_launch(2, framework="jax", ports=[7200])
     assert jax.coordinator == "127.0.0.1:7200" and [e["WORKBENCH_PROCESS_ID"] for e in jax.rank_env] == ["0", "1"]
+    # more ranks than half the cores: the ring's ranks gather in pieces (each polls a core per socket thread)
+    assert {e.get(RING_PIECE_ENV) for e in ring.rank_env} == ({str(RING_PIECE_BYTES)} if 6 > os.cpu_count() else {None})
+    assert {e.get(RING_PIECE_ENV) for e in plan_launch(2, framework="mlx", backend="mpi").rank_env} == {None}
+    assert thread_env(2, cores=4).get(RING_PIECE_ENV) is None and thread_env(3, cores=4)[RING_PIECE_ENV] == "262144"
+    for bad in ("1e5", "512", str(2 * RING_PIECE_BYTES)):  # refused before any rank starts, naming the variable
+        with pytest.raises(ValueError, match=f"WORKBENCH_MLX_RING_PIECE={bad!r}"):
+            plan_launch(2, framework="mlx", backend="ring", env={RING_PIECE_ENV: bad})
     with pytest.raises(ValueError, match="ports"):
         plan_launch(2, framework="mlx", backend="ring", ports=[7001])
     with pytest.raises(ValueError, match="num_ranks"):

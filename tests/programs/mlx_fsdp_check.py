@@ -35,7 +35,8 @@ from workbench.adapters.mlx.fsdp import (
     shard_gradients,
 )
 from workbench.adapters.mlx.rows import get_plan
-from workbench.adapters.mlx.transport import has_sum_scatter, make_hsdp_groups
+from workbench.adapters.mlx.transport import gather_bucket, has_sum_scatter, make_hsdp_groups, reduce_scatter_bucket
+from workbench.core.envvars import RING_PIECE_BYTES, RING_PIECE_ENV, scoped_env
 from workbench.models.mlx_mlp import build_params, mlp_loss
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
@@ -186,6 +187,28 @@ def bit_identity_case(group, steps: int) -> dict:
     return out
 
 
+def pieces_case(group, spy: Spy) -> dict:
+    """A shard over the size MLX's ring splits over two sockets (800,012 B: 3 whole pieces and a part), all-gathered
+    in pieces as a launch on too few cores asks (:data:`RING_PIECE_ENV`) and in MLX's one call, and the reduce-scatter
+    (at 2 ranks one exchange of a row) of a matrix of such rows, each way: equal bit for bit, and the calls counted."""
+    r, n, c = group.rank(), group.size(), 200_003
+    shard = mx.random.normal((c,), key=mx.random.key(r))
+    matrix = mx.random.normal((n, c), key=mx.random.key(100 + r))
+    mx.eval(shard, matrix)
+    out = {}
+    for name, piece in (("one call", "0"), ("pieces", str(RING_PIECE_BYTES))):
+        with scoped_env(**{RING_PIECE_ENV: piece}):
+            spy.take()
+            gathered = gather_bucket(shard, group, None)
+            calls = spy.take()
+            summed = reduce_scatter_bucket(matrix, group, "ring", None)
+            rs_calls = spy.take()
+        out[name] = {"gathered": np.array(gathered).tolist(), "calls": calls, "summed": np.array(summed).tolist(),
+                     "rs_calls": rs_calls}
+    out["own"] = np.array(shard).tolist()
+    return out
+
+
 def cases(which: str) -> list[dict]:
     grid = itertools.product(["sgd", "adamw"], ["float32", "bfloat16"], ["row", "flat"], [None, 0.5])
     out = [dict(model="even", optimizer=o, dtype=d, layout=l, max_norm=m, communication_size=256, reduce_scatter="auto")
@@ -221,9 +244,11 @@ def main() -> None:
     spy = Spy()
     results = [run_case(case, group, spy, args.steps, fsdp_group, dp_group) for case in cases(args.cases)]
     bit_identity = bit_identity_case(group, args.steps)
+    pieces = pieces_case(group, spy)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{group.rank()}.json").write_text(
         json.dumps({"rank": group.rank(), "size": group.size(), "results": results, "hsdp": hsdp, "bit_identity": bit_identity,
+                    "pieces": pieces,
                     "sum_scatter_supported": sum_scatter, "backend": backend}))
     # Free split groups now: left to interpreter exit, MLX frees their MPI communicators after
     # MPI_Finalize ("MPI_Comm_free() was called after MPI_FINALIZE") and the rank aborts.

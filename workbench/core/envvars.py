@@ -1,4 +1,5 @@
-"""Environment variables set for the length of a with block (a kernel's settings, kaleido's browser).
+"""Environment variables set for the length of a with block (a kernel's settings, kaleido's browser), and the
+launch's variable for MLX's ring ranks on a host with too few cores (:data:`RING_PIECE_ENV`).
 
 In the lowest layer: :mod:`workbench.core.chromium` hands kaleido its browser through it, and
 :mod:`workbench.publish.execute` a kernel its settings.
@@ -8,6 +9,28 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from typing import Mapping
+
+#: Set by the launch (:func:`workbench.launch.plan.thread_env`) where a host's ranks outnumber half its cores, read
+#: by :func:`workbench.adapters.mlx.transport.all_gather`: the bytes of the pieces it gathers in (0 or unset: one call).
+RING_PIECE_ENV = "WORKBENCH_MLX_RING_PIECE"
+#: The pieces' bytes where set: MLX's ring splits an all_gather of 512 KiB or more over two polling socket threads.
+RING_PIECE_BYTES = 256 * 1024
+
+
+def ring_piece_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The bytes of an MLX ring rank's gather pieces (``$WORKBENCH_MLX_RING_PIECE`` in ``environ``, default this
+    process's), 0 for one call.
+
+    Raises:
+        ValueError: naming the variable, where it is not 0 or a whole number of bytes from 1 KiB up to
+            :data:`RING_PIECE_BYTES` (a piece MLX's ring would not split again).
+    """
+    raw = (os.environ if environ is None else environ).get(RING_PIECE_ENV, "0").strip() or "0"
+    if not raw.isdigit() or (int(raw) and not 1024 <= int(raw) <= RING_PIECE_BYTES):
+        raise ValueError(f"${RING_PIECE_ENV}={raw!r}: 0 (one call), or the bytes of each gather piece, from 1024 "
+                         f"to {RING_PIECE_BYTES} (MLX's ring splits a gather of twice that over two sockets)")
+    return int(raw)
 
 
 @contextmanager

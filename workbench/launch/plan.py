@@ -19,6 +19,7 @@ from pathlib import Path
 from workbench.adapters.jax.compile_cache import compile_cache_dir
 from workbench.adapters.mlx.blas import blas_choice, mlx_rank_env
 from workbench.core.checks import integer
+from workbench.core.envvars import RING_PIECE_BYTES, RING_PIECE_ENV, ring_piece_bytes
 from workbench.core.fingerprint import LAUNCH_ENV
 
 #: Hosts that are this machine: MLX ranks there get OpenBLAS (:mod:`workbench.adapters.mlx.blas`).
@@ -117,11 +118,15 @@ def thread_env(ranks_per_host: int, cores: int | None = None) -> dict[str, str]:
 
     Without it, every rank's BLAS starts one thread per core, and ranks sharing a host fight over
     them: ``np.linalg.eig`` of a 512 x 512 matrix took 1.74 s with OpenBLAS's default threads on
-    2 cores against 0.31 s with one. A variable already set in this process's environment is kept.
+    2 cores against 0.31 s with one. Where the ranks outnumber half the cores, MLX's ring ranks also gather in
+    pieces (:data:`~workbench.core.envvars.RING_PIECE_ENV`): each rank's socket threads poll a core while they
+    wait, and one message split over two of them stalled for whole scheduler ticks. A variable already set in
+    this process's environment is kept.
     """
     cores = cores or os.cpu_count() or 1
     share = str(max(1, cores // max(1, ranks_per_host)))
-    return {name: os.environ.get(name, share) for name in THREAD_VARS}
+    pieces = {RING_PIECE_ENV: os.environ.get(RING_PIECE_ENV, str(RING_PIECE_BYTES))} if 2 * ranks_per_host > cores else {}
+    return {**{name: os.environ.get(name, share) for name in THREAD_VARS}, **pieces}
 
 
 def plan_launch(
@@ -164,6 +169,9 @@ def plan_launch(
         e = dict(base)
         if framework == "mlx":
             e.update(MLX_RANK=str(r), WORKBENCH_BACKEND=backend, **blas)
+            if backend != "ring":  # the pieces are for the ring's polling socket threads
+                e.pop(RING_PIECE_ENV, None)
+            ring_piece_bytes(e)  # a bad value is refused here, naming it, before any rank starts
             if backend == "nccl":  # one GPU per rank; rank 0 hosts NCCL's rendezvous
                 e.update(MLX_WORLD_SIZE=str(num_ranks), NCCL_HOST_IP=host, NCCL_PORT=str(ports[0]),
                          CUDA_VISIBLE_DEVICES=str(r))

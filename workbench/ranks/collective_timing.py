@@ -16,7 +16,7 @@ def _bench_mlx(spec: dict) -> dict:
     import mlx.core as mx
 
     from workbench.adapters.mlx.ring import init_ring
-    from workbench.adapters.mlx.transport import reduce_scatter, resolve_transport
+    from workbench.adapters.mlx.transport import gather_bucket, reduce_scatter_bucket, resolve_transport
 
     group = init_ring(os.environ.get("WORKBENCH_BACKEND", "ring"))
     n = group.size()
@@ -32,10 +32,10 @@ def _bench_mlx(spec: dict) -> dict:
             def op():
                 if kind == "all_reduce":
                     return mx.distributed.all_sum(x, group=group)
-                if kind == "all_gather":
-                    return mx.distributed.all_gather(x, group=group)
-                c = elems // n
-                return reduce_scatter(lambda k: x[k * c:(k + 1) * c], group, rs_path, None)
+                if kind == "all_gather":  # as the steps gather (in pieces where the launch says)
+                    return gather_bucket(x, group, None)
+                c = elems // n  # the FSDP step's bucket reduce-scatter (the exchange in pieces where gathers are)
+                return reduce_scatter_bucket(x[:n * c].reshape(n, c), group, rs_path, None)
 
             times = []
             for i in range(_iters_for(size, spec["iters"]) + 2):

@@ -39,8 +39,8 @@ from workbench.adapters.mlx.rows import (
 )
 from workbench.adapters.mlx.transport import (
     REDUCE_SCATTER_TRANSPORTS,
-    all_gather,
-    reduce_scatter,
+    gather_bucket,
+    reduce_scatter_bucket,
     resolve_transport,
 )
 from workbench.core.shards import ShardPlan
@@ -72,7 +72,7 @@ def shard_gradients(
         # step took 970 ms with the rows lazy, 600 ms with them evaluated first, measured).
         matrix = bucket_matrix(grads, plan, b)
         mx.eval(matrix)
-        shard = reduce_scatter(matrix, group, transport, stream)
+        shard = reduce_scatter_bucket(matrix, group, transport, stream)
         del matrix
         if num_replicas > 1:
             shard = mx.distributed.all_sum(shard, group=dp_group, stream=stream)
@@ -295,7 +295,7 @@ def apply_gradient_shards(grad_shards: dict[str, mx.array], params_flat: list[tu
         # takes a core from it (see shard_gradients).
         mx.eval(new_shards[str(b)])
         grad_shards.pop(str(b))
-        gathered = all_gather(new_shards.pop(str(b)), group, stream)
+        gathered = gather_bucket(new_shards.pop(str(b)), group, stream)
         rebuilt = rebuild_arrays(gathered, params, plan, b)
         mx.eval(rebuilt)
         for i, arr in zip(bp.bucket(b).tolist(), rebuilt):

@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from workbench.adapters.mlx.agree import agree_on_step
 from workbench.adapters.mlx.fsdp import check_step_knobs, clip_by_global_norm, shard_gradients
 from workbench.adapters.mlx.rows import bucket_row, check_trees, get_plan, rebuild_arrays
-from workbench.adapters.mlx.transport import REDUCE_SCATTER_TRANSPORTS, all_gather, resolve_transport
+from workbench.adapters.mlx.transport import REDUCE_SCATTER_TRANSPORTS, gather_bucket, resolve_transport
 from workbench.core.units import MiB
 
 __all__ = ["ResidentFsdp"]
@@ -134,7 +134,7 @@ class ResidentFsdp:
             shard = new.pop(str(b))
             mx.eval(shard)
             self.shards[str(b)] = shard
-            views = rebuild_arrays(all_gather(shard, self.group, self.stream), arrays, self.plan, b)
+            views = rebuild_arrays(gather_bucket(shard, self.group, self.stream), arrays, self.plan, b)
             mx.eval(views)
             for i, view in zip(bp.bucket(b).tolist(), views):
                 self._flat[i] = (self._flat[i][0], view)
