@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from typing import Mapping
 
 #: Set by the launch (:func:`workbench.launch.plan.thread_env`) where a host's ranks outnumber half its cores, read
-#: by :func:`workbench.adapters.mlx.transport.all_gather`: the bytes of the pieces it gathers in (0 or unset: one call).
+#: by :func:`workbench.adapters.mlx.transport.gather_bucket` and ``reduce_scatter_bucket``: the bytes of the pieces
+#: they gather in (0 or unset: one call).
 RING_PIECE_ENV = "WORKBENCH_MLX_RING_PIECE"
 #: The pieces' bytes where set: MLX's ring splits an all_gather of 512 KiB or more over two polling socket threads.
 RING_PIECE_BYTES = 256 * 1024
