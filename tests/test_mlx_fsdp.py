@@ -14,6 +14,7 @@ from workbench import plan_buckets, plan_shards
 from workbench.adapters.mlx.base import spec_from_mlx
 from workbench.adapters.mlx.fsdp import fsdp_apply_gradients, optimizer_state_bytes
 from workbench.core.envvars import RING_PIECE_BYTES, RING_PIECE_ENV
+from workbench.launch.hosts import Host, HostsFile, plan_hosts_launch
 from workbench.launch.plan import plan_launch, thread_env
 from workbench.launch.local_run import LaunchError, run_local, run_worker
 
@@ -272,7 +273,8 @@ def test_mixed_dtypes_keep_their_own_buckets_and_dtypes(layout):
         np.testing.assert_array_equal(np.array(new[k].astype(mx.float32)), np.array(want[k].astype(mx.float32)))
 
 
-def test_launch_plans_wire_each_backend():
+def test_launch_plans_wire_each_backend(monkeypatch):
+    monkeypatch.delenv(RING_PIECE_ENV, raising=False)  # the launch's own choice, not this shell's
     ring = plan_launch(3, framework="mlx", backend="ring", ports=[7001, 7002, 7003])
     assert ring.hostfile == [["127.0.0.1:7001"], ["127.0.0.1:7002"], ["127.0.0.1:7003"]]
     assert [e["MLX_RANK"] for e in ring.rank_env] == ["0", "1", "2"]
@@ -281,11 +283,20 @@ def test_launch_plans_wire_each_backend():
     assert [(e["CUDA_VISIBLE_DEVICES"], e["NCCL_PORT"], e["MLX_WORLD_SIZE"]) for e in nccl.rank_env] == [("0", "7100", "2"), ("1", "7100", "2")]
     jax = plan_launch(2, framework="jax", ports=[7200])
     assert jax.coordinator == "127.0.0.1:7200" and [e["WORKBENCH_PROCESS_ID"] for e in jax.rank_env] == ["0", "1"]
-    # more ranks than half the cores: the ring's ranks gather in pieces (each polls a core per socket thread)
-    assert {e.get(RING_PIECE_ENV) for e in ring.rank_env} == ({str(RING_PIECE_BYTES)} if 6 > os.cpu_count() else {None})
-    assert {e.get(RING_PIECE_ENV) for e in plan_launch(2, framework="mlx", backend="mpi").rank_env} == {None}
-    assert thread_env(2, cores=4).get(RING_PIECE_ENV) is None and thread_env(3, cores=4)[RING_PIECE_ENV] == "262144"
-    for bad in ("1e5", "512", str(2 * RING_PIECE_BYTES)):  # refused before any rank starts, naming the variable
+    # more ranks than half the cores: the ring's ranks gather in pieces (each polls a core per socket thread); every
+    # rank of a plan is told, one call or pieces, so none follows an environment of its own; MPI's and JAX's never
+    assert {e[RING_PIECE_ENV] for e in ring.rank_env} == {str(RING_PIECE_BYTES) if 6 > os.cpu_count() else "0"}
+    assert thread_env(2, cores=4)[RING_PIECE_ENV] == "0" and thread_env(3, cores=4)[RING_PIECE_ENV] == "262144"
+    monkeypatch.setenv(RING_PIECE_ENV, "131072")  # this shell's choice is kept for the ring, and only there
+    assert {e[RING_PIECE_ENV] for e in plan_launch(2, framework="mlx", backend="ring").rank_env} == {"131072"}
+    assert {e[RING_PIECE_ENV] for e in plan_launch(2, framework="mlx", backend="mpi").rank_env} == {"0"}
+    assert all(RING_PIECE_ENV not in e for e in plan_launch(2, framework="jax").rank_env)
+    monkeypatch.delenv(RING_PIECE_ENV)
+    # a hosts file's ranks: the busiest host's count decides (two hosts of one slot: as one rank here), not all ranks
+    two_hosts = plan_hosts_launch(HostsFile(hosts=(Host(address="10.0.0.11"), Host(address="10.0.0.12"))),
+                                  framework="mlx", ports=[7001, 7002])
+    assert {e[RING_PIECE_ENV] for e in two_hosts.rank_env} == {thread_env(1)[RING_PIECE_ENV]}
+    for bad in ("1e5", "512", "²", str(2 * RING_PIECE_BYTES)):  # refused before any rank starts, naming the variable
         with pytest.raises(ValueError, match=f"WORKBENCH_MLX_RING_PIECE={bad!r}"):
             plan_launch(2, framework="mlx", backend="ring", env={RING_PIECE_ENV: bad})
     with pytest.raises(ValueError, match="ports"):

@@ -11,9 +11,9 @@ import os
 from contextlib import contextmanager
 from typing import Mapping
 
-#: Set by the launch (:func:`workbench.launch.plan.thread_env`) where a host's ranks outnumber half its cores, read
-#: by :func:`workbench.adapters.mlx.transport.gather_bucket` and ``reduce_scatter_bucket``: the bytes of the pieces
-#: they gather in (0 or unset: one call).
+#: Set by the launch for MLX's ring ranks (:func:`workbench.launch.plan.thread_env`: 256 KiB where a host's ranks
+#: outnumber half its cores, else 0), read by :func:`workbench.adapters.mlx.transport.gather_bucket` and
+#: ``reduce_scatter_bucket``: the bytes of the pieces they gather in (0 or unset: one call).
 RING_PIECE_ENV = "WORKBENCH_MLX_RING_PIECE"
 #: The pieces' bytes where set: MLX's ring splits an all_gather of 512 KiB or more over two polling socket threads.
 RING_PIECE_BYTES = 256 * 1024
@@ -28,7 +28,7 @@ def ring_piece_bytes(environ: Mapping[str, str] | None = None) -> int:
             :data:`RING_PIECE_BYTES` (a piece MLX's ring would not split again).
     """
     raw = (os.environ if environ is None else environ).get(RING_PIECE_ENV, "0").strip() or "0"
-    if not raw.isdigit() or (int(raw) and not 1024 <= int(raw) <= RING_PIECE_BYTES):
+    if not (raw.isascii() and raw.isdigit()) or (int(raw) and not 1024 <= int(raw) <= RING_PIECE_BYTES):
         raise ValueError(f"${RING_PIECE_ENV}={raw!r}: 0 (one call), or the bytes of each gather piece, from 1024 "
                          f"to {RING_PIECE_BYTES} (MLX's ring splits a gather of twice that over two sockets)")
     return int(raw)

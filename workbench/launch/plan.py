@@ -118,15 +118,17 @@ def thread_env(ranks_per_host: int, cores: int | None = None) -> dict[str, str]:
 
     Without it, every rank's BLAS starts one thread per core, and ranks sharing a host fight over
     them: ``np.linalg.eig`` of a 512 x 512 matrix took 1.74 s with OpenBLAS's default threads on
-    2 cores against 0.31 s with one. Where the ranks outnumber half the cores, MLX's ring ranks also gather in
-    pieces (:data:`~workbench.core.envvars.RING_PIECE_ENV`): each rank's socket threads poll a core while they
-    wait, and one message split over two of them stalled for whole scheduler ticks. A variable already set in
-    this process's environment is kept.
+    2 cores against 0.31 s with one. Also the size of the pieces MLX's ring ranks gather FSDP's buckets in
+    (:data:`~workbench.core.envvars.RING_PIECE_ENV`, always set, so every rank of a plan gathers alike): 256 KiB
+    where the ranks outnumber half the cores (each rank's socket threads poll a core while they wait, and one
+    message split over two of them stalled for whole scheduler ticks), else 0 (one call); plan_launch keeps it for
+    MLX's ring ranks only. ``cores`` defaults to this machine's (a hosts file's ranks too: the busiest host's
+    count against this machine's cores). A variable already set in this process's environment is kept.
     """
     cores = cores or os.cpu_count() or 1
     share = str(max(1, cores // max(1, ranks_per_host)))
-    pieces = {RING_PIECE_ENV: os.environ.get(RING_PIECE_ENV, str(RING_PIECE_BYTES))} if 2 * ranks_per_host > cores else {}
-    return {**{name: os.environ.get(name, share) for name in THREAD_VARS}, **pieces}
+    pieces = os.environ.get(RING_PIECE_ENV, str(RING_PIECE_BYTES) if 2 * ranks_per_host > cores else "0")
+    return {**{name: os.environ.get(name, share) for name in THREAD_VARS}, RING_PIECE_ENV: pieces}
 
 
 def plan_launch(
@@ -169,9 +171,9 @@ def plan_launch(
         e = dict(base)
         if framework == "mlx":
             e.update(MLX_RANK=str(r), WORKBENCH_BACKEND=backend, **blas)
-            if backend != "ring":  # the pieces are for the ring's polling socket threads
-                e.pop(RING_PIECE_ENV, None)
-            ring_piece_bytes(e)  # a bad value is refused here, naming it, before any rank starts
+            if backend != "ring":  # the pieces are for the ring's polling socket threads: none here
+                e[RING_PIECE_ENV] = "0"
+            ring_piece_bytes(e)  # a bad value (the caller's, or this process's) is refused before any rank starts
             if backend == "nccl":  # one GPU per rank; rank 0 hosts NCCL's rendezvous
                 e.update(MLX_WORLD_SIZE=str(num_ranks), NCCL_HOST_IP=host, NCCL_PORT=str(ports[0]),
                          CUDA_VISIBLE_DEVICES=str(r))
@@ -184,6 +186,7 @@ def plan_launch(
                 XLA_FLAGS="--xla_force_host_platform_device_count=1",
                 JAX_PLATFORMS="cpu" if backend == "gloo" else e.get("JAX_PLATFORMS", ""),
             )
+            e.pop(RING_PIECE_ENV, None)  # MLX's ring ranks' alone
         rank_env.append(e)
     return LaunchPlan(framework=framework, backend=backend, num_ranks=num_ranks, host=host,
                       ports=tuple(ports), rank_env=tuple(rank_env))

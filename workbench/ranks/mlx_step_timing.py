@@ -47,8 +47,8 @@ from workbench.adapters.mlx.rows import (
     rebuild_arrays,
 )
 from workbench.adapters.mlx.transport import (
-    all_gather,
-    reduce_scatter,
+    gather_bucket,
+    reduce_scatter_bucket,
     resolve_transport,
 )
 from workbench.core.units import MiB
@@ -103,13 +103,13 @@ def phased_step(params, opt, grad_fn, x, y, layout: str, communication_size: int
     num_b = plan.buckets.num_buckets
     transport = resolve_transport(group, "auto")
     mats = timed("rows", lambda: [bucket_matrix(gl, plan, b) for b in range(num_b)])
-    shards = timed("reduce_scatter", lambda: {str(b): reduce_scatter(mats[b], group, transport, None) / n
+    shards = timed("reduce_scatter", lambda: {str(b): reduce_scatter_bucket(mats[b], group, transport, None) / n
                                               for b in range(num_b)})
     new = timed("update", lambda: opt.apply_gradients(shards, resident.shards if resident is not None else
                                                       {str(b): bucket_row(arrays, plan, rank, b) for b in range(num_b)}))
     if resident is not None:
         resident.shards.update(new)
-    gathered = timed("all_gather", lambda: [all_gather(new[str(b)], group, None) for b in range(num_b)])
+    gathered = timed("all_gather", lambda: [gather_bucket(new[str(b)], group, None) for b in range(num_b)])
     rebuilt = timed("rebuild", lambda: [rebuild_arrays(gathered[b], arrays, plan, b) for b in range(num_b)])
     updated = list(flat)
     for b in range(num_b):

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import mlx.core as mx
 
+from workbench.core.envvars import ring_piece_bytes
 from workbench.core.fingerprint import (
     MARKER,
     MAX_FIELDS,
@@ -76,9 +77,11 @@ def agree_once(group: Any, plan: ShardPlan, params_flat: list[tuple[str, Any]], 
 def agree_on_step(group: Any, plan: ShardPlan, params_flat: list[tuple[str, Any]], *, layout: str,
                   communication_size: int, max_norm: float | None, transport: str, replicas: int = 1) -> float | None:
     """:func:`agree_once` with the settings of an FSDP step (the same keys wherever a step is taken, so a
-    trainer that checks before calling ``fsdp_apply_gradients`` is not checked twice)."""
+    trainer that checks before calling ``fsdp_apply_gradients`` is not checked twice), and the size of the pieces
+    its buckets are gathered in (:func:`~workbench.core.envvars.ring_piece_bytes`)."""
     return agree_once(group, plan, params_flat, layout=layout, communication_size=int(communication_size),
-                      clipping=max_norm is not None, reduce_scatter=transport, replicas=int(replicas))
+                      clipping=max_norm is not None, reduce_scatter=transport, replicas=int(replicas),
+                      gather_piece=ring_piece_bytes())  # ranks gathering in pieces of other sizes would never meet
 
 
 def forget_agreements() -> None:
