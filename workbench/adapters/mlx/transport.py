@@ -16,7 +16,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from workbench.core.checks import as_whole
-from workbench.core.envvars import ring_piece_bytes
+from workbench.core.envvars import RING_PIECE_BYTES, ring_piece_bytes
 
 REDUCE_SCATTER_TRANSPORTS = ("auto", "sum_scatter", "ring", "send_recv", "all_sum")
 
@@ -141,8 +141,8 @@ def reduce_scatter(rows: Callable[[int], mx.array] | mx.array, group: mx.distrib
 
 #: MLX's ring backend splits an ``all_gather`` of at least this many bytes over both sockets of a neighbour pair
 #: (``min_send_size`` 256 KiB per piece, ``mlx/distributed/ring/ring.cpp``), and each socket's thread polls
-#: without sleeping while its receive waits: two spinning threads per rank.
-RING_SPLIT_BYTES = 2 * 256 * 1024
+#: without sleeping while its receive waits: two spinning threads per rank. A launch's pieces are at most half.
+RING_SPLIT_BYTES = 2 * RING_PIECE_BYTES
 
 
 def all_gather(shard: mx.array, group: mx.distributed.Group, stream: Any) -> mx.array:
@@ -159,6 +159,13 @@ def _pieces(part: mx.array) -> int:
     return piece if piece and part.nbytes >= RING_SPLIT_BYTES and part.ndim == 1 else 0
 
 
+def _gathered_pieces(part: mx.array, piece: int, group: mx.distributed.Group, stream: Any):
+    """``(start, (N, m) rows)`` for each ``piece`` elements of the 1-D ``part`` from ``start``, all-gathered in turn
+    (lazy: the caller writes each into place and evaluates it before asking for the next)."""
+    for i in range(0, part.size, piece):
+        yield i, mx.distributed.all_gather(part[i:i + piece], group=group, stream=stream).reshape(group.size(), -1)
+
+
 def gather_bucket(shard: mx.array, group: mx.distributed.Group, stream: Any) -> mx.array:
     """:func:`all_gather` of an evaluated bucket shard for the FSDP step, evaluated.
 
@@ -166,9 +173,9 @@ def gather_bucket(shard: mx.array, group: mx.distributed.Group, stream: Any) -> 
     its cores) and the shard is :data:`RING_SPLIT_BYTES` or more, it is gathered in pieces under that, one socket
     thread polling per rank, each piece evaluated and its rows written into place in the result (MLX updates a
     buffer it alone holds in place: a 2 MiB shard's gather rose 5.0 MiB above the live arrays, 4.0 in one call;
-    left lazy and concatenated, the pieces held the whole model's backward once). On 2 cores with 2 ring ranks a 512 KiB
-    all_gather took 0.13-0.2 ms, or 3.8-4.0 ms (a whole scheduler tick) for runs of 25 and more calls in a row,
-    while a 256 KiB one took 0.06-0.3 ms every time (300 calls, 3 launches each, measured).
+    left lazy and concatenated, the pieces held the whole model's backward once). On 2 cores with 2 ring ranks a
+    512 KiB all_gather took 0.13-0.2 ms, or 3.8-4.0 ms (a whole scheduler tick) for runs of 25 and more calls in
+    a row, while a 256 KiB one took 0.06-0.3 ms every time (300 calls, 3 launches each, measured).
     """
     n, c, piece = group.size(), shard.size, _pieces(shard)
     if n == 1 or not piece:
@@ -176,12 +183,10 @@ def gather_bucket(shard: mx.array, group: mx.distributed.Group, stream: Any) -> 
         mx.eval(out)
         return out
     out = mx.zeros((n * c,), dtype=shard.dtype)
-    for i in range(0, c, piece):
-        got = mx.distributed.all_gather(shard[i:i + piece], group=group, stream=stream).reshape(n, -1)
+    for i, got in _gathered_pieces(shard, piece, group, stream):
         for k in range(n):
             out[k * c + i:k * c + i + got.shape[1]] = got[k]
         mx.eval(out)
-        del got
     return out
 
 
@@ -191,18 +196,17 @@ def reduce_scatter_bucket(matrix: mx.array, group: mx.distributed.Group, transpo
     At two ranks on the ring the exchange of the other rank's row is in pieces where :func:`gather_bucket`
     gathers in pieces: each piece summed as it arrives, written into place and evaluated (less memory than one
     call, which holds both rows gathered: 6.75 MiB against 10.0 for 2 MiB rows)."""
-    r, theirs = group.rank(), matrix[1 - group.rank()] if group.size() == 2 else None
-    if theirs is None or transport != "ring" or not _pieces(theirs):
+    r = group.rank()
+    theirs = matrix[1 - r] if group.size() == 2 and transport == "ring" else None
+    piece = 0 if theirs is None else _pieces(theirs)
+    if not piece:
         out = reduce_scatter(matrix, group, transport, stream)
         mx.eval(out)
         return out
     out, mine = mx.zeros(theirs.shape, dtype=theirs.dtype), matrix[r]
-    piece = _pieces(theirs)
-    for i in range(0, theirs.size, piece):
-        got = mx.distributed.all_gather(theirs[i:i + piece], group=group, stream=stream)
-        out[i:i + piece] = mine[i:i + piece] + got.reshape(2, -1)[1 - r]
+    for i, got in _gathered_pieces(theirs, piece, group, stream):
+        out[i:i + got.shape[1]] = mine[i:i + got.shape[1]] + got[1 - r]
         mx.eval(out)
-        del got
     return out
 
 
