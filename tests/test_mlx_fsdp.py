@@ -81,16 +81,23 @@ def test_fsdp_is_mlx_v0320_fsdp_apply_gradients_bit_for_bit_at_two_ranks(ring_ru
 def test_a_gather_in_pieces_equals_mlxs_one_call_bit_for_bit(ring_run):
     """Where a launch puts more ranks on a host than half its cores, MLX's ring ranks gather a shard of 512 KiB or
     more in pieces under it (launch.plan.thread_env); what comes back is MLX's own all_gather's, bit for bit, in
-    rank order, and the 2-rank reduce-scatter through it is too."""
+    rank order, and the 2-rank reduce-scatter through it is too. So are the lazy gather and reduce-scatter that
+    MLX's fully_shard (supplied) and the workbench's ZeRO-3 build into their graphs."""
     n, ranks = ring_run
     for rank in ranks:
         one, pieces = rank["pieces"]["one call"], rank["pieces"]["pieces"]
         assert one["calls"] == {"all_gather": 1} and pieces["calls"] == {"all_gather": 4}  # 3 x 256 KiB and a part
         if n == 2:  # the reduce-scatter is one exchange of the other rank's row, in pieces as the gather
             assert one["rs_calls"] == {"all_gather": 1} and pieces["rs_calls"] == {"all_gather": 4}
+            assert one["lazy_calls"] == {"all_gather": 2} and pieces["lazy_calls"] == {"all_gather": 8}
         else:  # a ring of sends and receives, one socket thread each: never in pieces
             assert one["rs_calls"] == pieces["rs_calls"] == {"send": n - 1, "recv_like": n - 1}
+            assert one["lazy_calls"] == {"all_gather": 1, "send": n - 1, "recv_like": n - 1}
+            assert pieces["lazy_calls"] == {"all_gather": 4, "send": n - 1, "recv_like": n - 1}
         assert pieces["gathered"] == one["gathered"] and pieces["summed"] == one["summed"]
+        assert pieces["lazy_gathered"] == one["lazy_gathered"] and pieces["lazy_summed"] == one["lazy_summed"]
+        assert np.array(one["lazy_gathered"]).ravel().tolist() == one["gathered"]  # (N, c): rank k's shard in row k
+        assert one["lazy_summed"] == one["summed"]
         assert len(one["gathered"]) == n * 200_003
         assert one["gathered"][rank["rank"] * 200_003:(rank["rank"] + 1) * 200_003] == rank["pieces"]["own"]
 

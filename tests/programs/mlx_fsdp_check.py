@@ -35,7 +35,8 @@ from workbench.adapters.mlx.fsdp import (
     shard_gradients,
 )
 from workbench.adapters.mlx.rows import get_plan
-from workbench.adapters.mlx.transport import gather_bucket, has_sum_scatter, make_hsdp_groups, reduce_scatter_bucket
+from workbench.adapters.mlx.transport import (gather_bucket, gather_lazy, has_sum_scatter, make_hsdp_groups,
+                                              reduce_scatter_bucket, ring_reduce_scatter)
 from workbench.core.envvars import RING_PIECE_BYTES, RING_PIECE_ENV, scoped_env
 from workbench.models.mlx_mlp import build_params, mlp_loss
 
@@ -203,8 +204,15 @@ def pieces_case(group, spy: Spy) -> dict:
             calls = spy.take()
             summed = reduce_scatter_bucket(matrix, group, "ring", None)
             rs_calls = spy.take()
+            # lazy, as MLX's fully_shard gathers a unit ((1, c): its parameters concatenated) and the supplied
+            # reduce-scatter and ZeRO-3's collectives build their graphs
+            lazy = gather_lazy(shard.reshape(1, -1), group)
+            lazy_rs = ring_reduce_scatter(lambda k: matrix[k], group)
+            mx.eval(lazy, lazy_rs)
+            lazy_calls = spy.take()
         out[name] = {"gathered": np.array(gathered).tolist(), "calls": calls, "summed": np.array(summed).tolist(),
-                     "rs_calls": rs_calls}
+                     "rs_calls": rs_calls, "lazy_gathered": np.array(lazy).tolist(),
+                     "lazy_summed": np.array(lazy_rs).tolist(), "lazy_calls": lazy_calls}
     out["own"] = np.array(shard).tolist()
     return out
 

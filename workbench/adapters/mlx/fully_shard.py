@@ -11,7 +11,11 @@ So :func:`supply_sum_scatter` rebinds that one module global, for the block only
 (:func:`~workbench.adapters.mlx.transport.ring_reduce_scatter`); ``mlx.core`` itself is not touched,
 so any other caller of ``sum_scatter`` (the user's code, the workbench's own transports) still gets
 the backend's answer. On exit, error or not, the module's ``mx`` is ``mlx.core`` again. A graph built
-inside the block keeps the supplied collectives wherever it is evaluated.
+inside the block keeps the supplied collectives wherever it is evaluated. Where the launch gathers in pieces
+(:data:`~workbench.core.envvars.RING_PIECE_ENV`: a host whose ring ranks outnumber half its cores), the view's
+``all_gather`` is :func:`~workbench.adapters.mlx.transport.gather_lazy` too: MLX's ring splits a call of 512 KiB or
+more over two socket threads per rank that poll a core each, and on 2 cores with 2 ranks each unit's gather and
+exchange met a 4 ms scheduler tick (the 3-block test LM's step: 66 ms, 42-48 in pieces).
 
 :func:`check_sum_scatter` is the pre-run check: every rank reduce-scatters a known matrix through the
 same lookup ``fully_shard`` uses, bounded in time. Without the shim on ring or MPI it raises
@@ -38,7 +42,7 @@ import mlx.nn.layers.distributed as mlx_distributed
 from mlx.utils import tree_flatten
 
 from workbench.adapters.mlx.base import spec_from_mlx
-from workbench.adapters.mlx.transport import has_sum_scatter, ring_reduce_scatter, ring_transport
+from workbench.adapters.mlx.transport import gather_lazy, has_sum_scatter, ring_reduce_scatter, ring_transport
 from workbench.core.fully_shard_plan import ROOT, check_fully_shard, plan_fully_shard
 
 #: Exit status of a rank whose ``sum_scatter`` probe never returned (MLX #4285).
@@ -100,6 +104,11 @@ def _supplied(supply: SumScatterSupply):
     return sum_scatter
 
 
+def _gather(x: mx.array, *, group: Any = None, stream: Any = None) -> mx.array:
+    """``mx.distributed.all_gather`` in pieces where the launch asks for them (one call where it does not)."""
+    return gather_lazy(x, group or mx.distributed.init(), stream)
+
+
 @contextmanager
 def supply_sum_scatter(group: Any = None) -> Iterator[SumScatterSupply]:
     """Within the block, MLX's ``fully_shard`` reduce-scatters with the workbench ring where the backend
@@ -118,7 +127,8 @@ def supply_sum_scatter(group: Any = None) -> Iterator[SumScatterSupply]:
 
     The backward graph must be built inside the block (``value_and_grad``); evaluating it later is fine.
     At two ranks a reduce-scatter is one ``all_gather`` exchange, beyond that N - 1 send/recv hops,
-    each issued after the previous reduce-scatter. Blocks nest.
+    each issued after the previous reduce-scatter; the units' all-gathers and the exchanges go in pieces where
+    the launch asks for them (:func:`~workbench.adapters.mlx.transport.gather_lazy`). Blocks nest.
 
     Args:
         group: The group the wrapped modules shard over. Default: the global group.
@@ -136,7 +146,8 @@ def supply_sum_scatter(group: Any = None) -> Iterator[SumScatterSupply]:
         return
     with _LOCK:
         before = mlx_distributed.mx
-        mlx_distributed.mx = _View(mx, distributed=_View(mx.distributed, sum_scatter=_supplied(supply)))
+        mlx_distributed.mx = _View(mx, distributed=_View(mx.distributed, sum_scatter=_supplied(supply),
+                                                         all_gather=_gather))
     try:
         yield supply
     finally:
