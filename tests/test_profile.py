@@ -340,7 +340,7 @@ def test_the_key_holds_the_records_version_and_the_processes_that_measured_at_on
     was (5), is never found under today's key: it is measured again, not read as if it held the overhead, the
     update beside backward, the recomputed blocks or the mesh plan (the old file is left where it was)."""
     fields = profile_key_fields(RunSpec(model=LM), 1)
-    assert fields["profile_version"] == PROFILE_VERSION == 7 and fields["co_runners"] == 1
+    assert fields["profile_version"] == PROFILE_VERSION == 8 and fields["co_runners"] == 1
     old = {k: v for k, v in fields.items() if k not in ("profile_version", "co_runners")}
     assert profile_key(old) != profile_key(fields)
     assert profile_key(profile_key_fields(RunSpec(model=LM), 1, 2)) != profile_key(fields)
@@ -368,8 +368,14 @@ def test_profiling_processes_start_measuring_together_and_a_missing_peer_is_name
     (tmp_path / "ready-1").write_text("ready")
     wait_for_peers(tmp_path, 0, 2, timeout_s=5)  # the other is ready
     assert (tmp_path / "ready-0").is_file()
-    with pytest.raises(TimeoutError, match=r"peers \[2\] of 3 not ready"):
+    with pytest.raises(TimeoutError, match=r"peers \[2\] of 3 not at 'ready'"):
         wait_for_peers(tmp_path, 0, 3, timeout_s=0.05)
+    # each phase of measurements starts together too: a peer still at the last phase is waited for, and named
+    with pytest.raises(TimeoutError, match=r"peers \[1\] of 2 not at 'step'"):
+        wait_for_peers(tmp_path, 0, 2, "step", timeout_s=0.05)
+    (tmp_path / "step-1").write_text("step")
+    wait_for_peers(tmp_path, 0, 2, "step", timeout_s=5)
+    assert (tmp_path / "step-0").is_file()
 
 
 def test_a_profiling_process_done_first_keeps_the_cores_busy_until_its_peers_are_done(tmp_path):

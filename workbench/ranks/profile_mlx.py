@@ -40,8 +40,9 @@ from workbench.ranks.user_model import block_units, mlx_model_and_loss
 
 
 def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
-    """The profile's measurements of ``spec``'s MLX model (plain data; see the module docstring); ``ready()`` is
-    called before the first measurement (to start with the other profiling processes)."""
+    """The profile's measurements of ``spec``'s MLX model (plain data; see the module docstring); ``ready(phase)`` is
+    called before each phase of measurements (``ready()`` before the first) to start it with the other profiling
+    processes."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -72,16 +73,21 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
     activation, compute, forward, peak_array = [], [], [], 0
     for b in sizes:
         run, samples, seconds = backward(b), [], []
+        if ready is not None:
+            ready(f"size{b}")
         # the peak of a small model's backward differs from call to call by whole buffers (a logits-sized one, or
         # none: how far MLX's graph is allocated ahead of what it frees); a run's peak, over all its steps, meets
         # the higher one, so a cheap size is sampled on to MORE_SAMPLES_S, up to MAX_SAMPLES, to meet it too
         # the first call at a size allocates its buffers afresh (MLX's cache holds the last size's): its peak is
         # sampled, its seconds are not, as a run's first step is not (a run of attention at 8 sequences: the first
         # call 94.6-118.8 ms, the next ones 80.9-95.0); at least MIN_TIMED timed, for a median its slow calls do not set
+        # Python's collector runs once per size, not before each call: a call right after gc.collect() took 7% longer
+        # (its walk of every object leaves the caches cold: 18.8 ms against 17.5 for the 3-block test LM at 2
+        # sequences, two processes at once, 30 calls each way, twice), and a rank's steps do not collect between them
         started = time.perf_counter()
+        gc.collect()
         while len(seconds) < max(repeats, MIN_TIMED) + 1 or (len(samples) < MAX_SAMPLES
                                                               and time.perf_counter() - started < MORE_SAMPLES_S):
-            gc.collect()
             base = mx.get_active_memory()
             mx.reset_peak_memory()
             t0 = time.perf_counter()
@@ -95,6 +101,8 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         compute.append(seconds[1:])
         inputs, targets = (mx.array(a) for a in token_batch(spec, b))
         forward.append(timed(lambda: mx.eval(loss_fn(model, inputs, targets)), repeats))
+    if ready is not None:
+        ready("step")
     step, bare, step_update = measure_trainer_step(spec, model, loss_fn, opt, sizes[0], repeats)  # not growing with b
     zero3 = measure_zero3_step(spec, sizes, repeats)  # last: it shards a model of its own
     return {"framework": "mlx", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),

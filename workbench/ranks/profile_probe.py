@@ -167,9 +167,12 @@ def step_rss_above(run: Callable[[], Any]) -> tuple[int | None, Any]:
 PEER_WAIT_S = 120.0
 
 
-def wait_for_peers(peer_dir: str | None, index: int, peers: int, timeout_s: float = PEER_WAIT_S) -> None:
-    """Mark this process ready (``<peer_dir>/ready-<index>``) and wait until all ``peers`` are, so that their
-    measurements overlap as a run's ranks do. Nothing to wait for where ``peers`` is 1.
+def wait_for_peers(peer_dir: str | None, index: int, peers: int, phase: str = "ready", *,
+                   timeout_s: float = PEER_WAIT_S) -> None:
+    """Mark this process at ``phase`` (``<peer_dir>/<phase>-<index>``) and wait until all ``peers`` are, so that
+    their measurements overlap as a run's ranks do: each phase starts together (a process measuring its trainer's
+    step while its peer was still a phase behind read 1.4-1.6x the times of one where both were at it together).
+    Nothing to wait for where ``peers`` is 1.
 
     Raises:
         TimeoutError: naming the peers not ready after ``timeout_s`` seconds.
@@ -177,14 +180,14 @@ def wait_for_peers(peer_dir: str | None, index: int, peers: int, timeout_s: floa
     if peers <= 1:
         return
     folder = os.fspath(peer_dir)
-    write_atomic(os.path.join(folder, f"ready-{index}"), "ready")
+    write_atomic(os.path.join(folder, f"{phase}-{index}"), phase)
     deadline = time.monotonic() + timeout_s
     while True:
-        missing = [i for i in range(peers) if not os.path.exists(os.path.join(folder, f"ready-{i}"))]
+        missing = [i for i in range(peers) if not os.path.exists(os.path.join(folder, f"{phase}-{i}"))]
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"profiling process {index}: peers {missing} of {peers} not ready to measure after "
+            raise TimeoutError(f"profiling process {index}: peers {missing} of {peers} not at {phase!r} after "
                                f"{timeout_s:g} s (in {folder})")
         time.sleep(0.01)
 

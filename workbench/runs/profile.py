@@ -41,7 +41,7 @@ STEP_SAMPLES = ("step_s_samples", "step_bare_s_samples", "step_update_s_samples"
 #: The folder under a run store's root that holds the profiles.
 PROFILE_DIR = ".profiles"
 #: The record's layout and what its times mean (in the key; another version's file is refused, naming it).
-PROFILE_VERSION = 7
+PROFILE_VERSION = 8
 
 
 class ProfileError(ValueError):
