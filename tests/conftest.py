@@ -174,6 +174,7 @@ TEST_MARKERS: dict[str, tuple[str, ...]] = {
     "test_build::test_all_done_means_every_run_stored_and_done": (),
     "test_collectives::test_fit_recovers_known_constants": (),
     "test_collectives::test_bad_benchmark_knobs_name_the_field": (),
+    "test_collectives::test_mlx_benchmark_calls_back_to_back_unless_the_ranks_outnumber_the_cores": (),
     "test_driver_faults::test_run_training_knobs_are_refused_before_anything_starts_naming_the_knob": (),
     "test_engine_death::test_last_words_drop_ipyparallel_chatter_and_fold_a_long_crash_stack": (),
     "test_engine_death::test_describe_exit_names_the_signal_or_the_code": (),

@@ -91,6 +91,18 @@ def test_bad_benchmark_knobs_name_the_field(kwargs, field):
         benchmark_spec(**args)
 
 
+def test_mlx_benchmark_calls_back_to_back_unless_the_ranks_outnumber_the_cores(monkeypatch):
+    """A step issues its buckets back to back; where a host's ranks outnumber its cores, every collective of a step
+    waits for ranks put aside, as a call after a barrier does: the benchmark times its calls each way accordingly
+    (benchmark_spec's docstring gives the fits against real runs). JAX's timing has no barrier to choose."""
+    monkeypatch.setattr("workbench.launch.benchmark.os.cpu_count", lambda: 2)
+    assert benchmark_spec("mlx", 2)["barrier"] == "each size"
+    assert benchmark_spec("mlx", 4)["barrier"] == "each call"
+    assert benchmark_spec("mlx", 4, ranks_per_host=2)["barrier"] == "each size"  # 2 hosts of 2: the busiest counts
+    assert benchmark_spec("mlx", 2, ranks_per_host=3)["barrier"] == "each call"
+    assert "barrier" not in benchmark_spec("jax", 4)
+
+
 @pytest.fixture(scope="module")
 def sweep_store(tmp_path_factory):
     """A real two-size sweep: DDP and FSDP-row MLX runs of TINY at 4 KiB and 64 KiB buckets."""

@@ -15,6 +15,7 @@ MLX's CPU backends have no ``sum_scatter``: its reduce-scatter here is the workb
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -39,8 +40,16 @@ SMALL_SIZES = tuple(2**k for k in range(12, 27, 2))  # 4 KiB to 64 MiB: bandwidt
 
 
 def benchmark_spec(framework: str, num_ranks: int, sizes_bytes: Sequence[int] = FULL_SIZES,
-                   kinds: Sequence[str] = KINDS, iters: int = 5) -> dict:
-    """The record spec of one benchmark (validated: the error names the field)."""
+                   kinds: Sequence[str] = KINDS, iters: int = 5, ranks_per_host: int | None = None) -> dict:
+    """The record spec of one benchmark (validated: the error names the field).
+
+    ``barrier`` (MLX): where the busiest host's ranks (``ranks_per_host``, default ``num_ranks``) outnumber this
+    machine's cores, ``"each call"``: every timed call follows a barrier, as a step's collective follows its ranks'
+    compute, each rank waiting for cores; else ``"each size"``: the calls of a size back to back after one, as a
+    step issues its buckets. Fitted on each and set against the advisor's validated runs on 2 cores: at 2 ranks,
+    back to back priced the 3-block test LM's steps within 1-8% and a barrier each call 13-25% over (it made the
+    call after it meet a 4 ms tick in 30-70% of calls, back to back 0-5%); at 4 ranks, back to back priced the
+    three benchmark models' steps at 0.35-0.52 of their measure, a barrier each call at 0.8-1.1."""
     if framework not in ("mlx", "jax"):
         raise ValueError(f"framework={framework!r}: choose 'mlx' or 'jax'.")
     if as_whole(num_ranks) is None or as_whole(num_ranks) < 2:
@@ -57,8 +66,10 @@ def benchmark_spec(framework: str, num_ranks: int, sizes_bytes: Sequence[int] = 
     if as_whole(iters) is None or iters < 1:
         raise ValueError(f"iters={iters!r}: must be an integer >= 1.")
     iters = as_whole(iters)
+    crowded = (ranks_per_host or num_ranks) > (os.cpu_count() or 1)
     return {"kind": "collectives", "framework": framework, "num_ranks": num_ranks,
-            "sizes_bytes": [int(s) for s in sizes_bytes], "kinds": list(kinds), "iters": iters, "dtype": "float32"}
+            "sizes_bytes": [int(s) for s in sizes_bytes], "kinds": list(kinds), "iters": iters, "dtype": "float32",
+            **({"barrier": "each call" if crowded else "each size"} if framework == "mlx" else {})}
 
 
 def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks: int = 2, *,
@@ -78,8 +89,9 @@ def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks
         RuntimeError: the benchmark failed (an engine died, or ``timeout_s`` passed); the failure
             is recorded in the store first, naming the rank where known.
     """
-    spec = benchmark_spec(framework, num_ranks, sizes_bytes, kinds, iters)
     placement = Placement.of(hosts, launcher)  # a bad hosts file or launcher is refused before anything starts
+    per_host = None if placement.hosts is None else max(h.slots for h in placement.hosts.hosts)
+    spec = benchmark_spec(framework, num_ranks, sizes_bytes, kinds, iters, per_host)
     runner = placement.runner()
     if placement.hosts is not None:
         spec["placement"] = placement.record()

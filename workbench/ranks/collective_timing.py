@@ -38,11 +38,12 @@ def _bench_mlx(spec: dict) -> dict:
                 return reduce_scatter_bucket(x[:n * c].reshape(n, c), group, rs_path, None)
 
             times = []
-            # ranks start together once per size, then call back to back as a step's buckets do: a barrier (an
-            # all_sum of one element) before every call made the call after it meet a 4 ms scheduler tick in 30-70%
-            # of calls of 64 KiB to 1 MiB on 2 cores with 2 ranks, back to back in 0-5% (58 calls each, measured)
-            mx.eval(mx.distributed.all_sum(barrier, group=group))
+            # ranks start together (an all_sum of one element), once per size or before each call: the spec's
+            # barrier (workbench.launch.benchmark.benchmark_spec; a spec stored before it had one: each call)
+            each_call = spec.get("barrier", "each call") == "each call"
             for i in range(_iters_for(size, spec["iters"]) + 2):
+                if each_call or i == 0:
+                    mx.eval(mx.distributed.all_sum(barrier, group=group))
                 t0 = time.perf_counter()
                 mx.eval(op())
                 if i >= 2:  # two warm-up calls
