@@ -303,6 +303,15 @@ def test_launch_plans_wire_each_backend(monkeypatch):
     two_hosts = plan_hosts_launch(HostsFile(hosts=(Host(address="10.0.0.11"), Host(address="10.0.0.12"))),
                                   framework="mlx", ports=[7001, 7002])
     assert {e[RING_PIECE_ENV] for e in two_hosts.rank_env} == {thread_env(1)[RING_PIECE_ENV]}
+    # hosts that say their cores: the most crowded by ranks per core decides (the rig's namespaces share 2 cores)
+    rig = plan_hosts_launch(HostsFile(hosts=(Host(address="10.0.0.11", cores=1), Host(address="10.0.0.12", cores=1))),
+                            framework="mlx", ports=[7001, 7002])
+    assert {(e[RING_PIECE_ENV], e["OMP_NUM_THREADS"]) for e in rig.rank_env} == {(str(RING_PIECE_BYTES), "1")}
+    big = (Host(address="10.0.0.11", slots=4, cores=64), Host(address="10.0.0.12", slots=2, cores=2))
+    assert {(e[RING_PIECE_ENV], e["OMP_NUM_THREADS"]) for e in plan_hosts_launch(
+        HostsFile(hosts=big), framework="mlx", ports=list(range(7001, 7007))).rank_env} == {(str(RING_PIECE_BYTES), "1")}
+    roomy = plan_hosts_launch(HostsFile(hosts=big[:1]), framework="mlx", ports=list(range(7001, 7005)))
+    assert {(e[RING_PIECE_ENV], e["OMP_NUM_THREADS"]) for e in roomy.rank_env} == {("0", "16")}
     for bad in ("1e5", "512", "²", str(2 * RING_PIECE_BYTES)):  # refused before any rank starts, naming the variable
         with pytest.raises(ValueError, match=f"WORKBENCH_MLX_RING_PIECE={bad!r}"):
             plan_launch(2, framework="mlx", backend="ring", env={RING_PIECE_ENV: bad})

@@ -60,10 +60,11 @@ def test_a_toml_hosts_file_is_loaded_and_validated(tmp_path):
     path = tmp_path / "hosts.toml"
     path.write_text('controller_ip = "10.0.0.1"\nssh_config = "/etc/ssh/cfg"\n'
                     '[[hosts]]\naddress = "10.0.0.11"\nslots = 2\nuser = "me"\npython = "/opt/py/bin/python"\n'
-                    '[[hosts]]\naddress = "node2"\nport = 2222\n')
+                    'cores = 32\n[[hosts]]\naddress = "node2"\nport = 2222\n')
     hf = load_hosts(path)
     assert hf.controller_ip == "10.0.0.1" and hf.ssh_config == "/etc/ssh/cfg" and hf.num_slots == 3
-    assert hf.hosts[0] == Host(address="10.0.0.11", slots=2, user="me", python="/opt/py/bin/python")
+    assert hf.hosts[0] == Host(address="10.0.0.11", slots=2, user="me", python="/opt/py/bin/python", cores=32)
+    assert hf.hosts[1].cores is None  # as many as this machine has
     assert hf.hosts[1].address == "node2" and hf.hosts[1].user is None and hf.hosts[1].port == 2222 and hf.hosts[1].python == "python3"
     assert load_hosts(path, slots=4).num_slots == 8
 
@@ -73,6 +74,9 @@ def test_a_toml_hosts_file_is_loaded_and_validated(tmp_path):
     ({"address": "127.0.0.1"}, "wildcard or loopback"),
     ({"address": "10.0.0.1", "slots": 0}, "Host.slots=0"),
     ({"address": "10.0.0.1", "port": 70000}, "Host.port=70000"),
+    ({"address": "10.0.0.1", "cores": 0}, "Host.cores=0"),
+    ({"address": "10.0.0.1", "cores": "8; rm -rf ~"}, "Host.cores='8; rm -rf ~'"),
+    ({"address": "10.0.0.1", "cores": 2.5}, "Host.cores=2.5"),
     ({"slots": 2}, r"hosts\[0\] has no 'address'"),
 ])
 def test_a_bad_host_is_refused_naming_the_field(entry, message):

@@ -62,6 +62,7 @@ def _plan(rig_id: str, net: ipaddress.IPv4Network, n_hosts: int, state_dir: Path
             "port": port,
             "user": _current_user(),
             "python": python,
+            "cores": max(1, (os.cpu_count() or 1) // n_hosts),  # the namespaces share this machine's cores
             "netns": ns,
             "veth": f"{rig_id}v{i}",  # root side, on the bridge (``ip link set <veth> down`` cuts the host off)
             "sshd_pid": None,

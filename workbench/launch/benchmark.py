@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 from workbench.core.checks import as_whole
 from workbench.core.events import emit
 from workbench.launch.engines import EngineFailure
+from workbench.launch.hosts import most_crowded, place_ranks
 from workbench.launch.remote import Placement
 from workbench.ranks.collective_timing import bench_rank
 from workbench.runs.store import RunStore, run_id_for
@@ -40,11 +41,12 @@ SMALL_SIZES = tuple(2**k for k in range(12, 27, 2))  # 4 KiB to 64 MiB: bandwidt
 
 
 def benchmark_spec(framework: str, num_ranks: int, sizes_bytes: Sequence[int] = FULL_SIZES,
-                   kinds: Sequence[str] = KINDS, iters: int = 5, ranks_per_host: int | None = None) -> dict:
+                   kinds: Sequence[str] = KINDS, iters: int = 5, ranks_per_host: int | None = None,
+                   cores: int | None = None) -> dict:
     """The record spec of one benchmark (validated: the error names the field).
 
-    ``barrier`` (MLX): where the busiest host's ranks (``ranks_per_host``, default ``num_ranks``) outnumber this
-    machine's cores, ``"each call"``: every timed call follows a barrier, as a step's collective follows its ranks'
+    ``barrier`` (MLX): where the most crowded host's ranks (``ranks_per_host``, default ``num_ranks``) outnumber its
+    ``cores`` (default this machine's), ``"each call"``: every timed call follows a barrier, as a step's collective follows its ranks'
     compute, each rank waiting for cores; else ``"each size"``: the calls of a size back to back after one, as a
     step issues its buckets. Fitted on each and set against the advisor's validated runs on 2 cores: at 2 ranks,
     back to back priced the 3-block test LM's steps within 1-8% and a barrier each call 13-25% over (it made the
@@ -66,7 +68,7 @@ def benchmark_spec(framework: str, num_ranks: int, sizes_bytes: Sequence[int] = 
     if as_whole(iters) is None or iters < 1:
         raise ValueError(f"iters={iters!r}: must be an integer >= 1.")
     iters = as_whole(iters)
-    crowded = (ranks_per_host or num_ranks) > (os.cpu_count() or 1)
+    crowded = (ranks_per_host or num_ranks) > (cores or os.cpu_count() or 1)
     return {"kind": "collectives", "framework": framework, "num_ranks": num_ranks,
             "sizes_bytes": [int(s) for s in sizes_bytes], "kinds": list(kinds), "iters": iters, "dtype": "float32",
             **({"barrier": "each call" if crowded else "each size"} if framework == "mlx" else {})}
@@ -90,8 +92,9 @@ def run_collective_benchmark(root: Path | str, framework: str = "mlx", num_ranks
             is recorded in the store first, naming the rank where known.
     """
     placement = Placement.of(hosts, launcher)  # a bad hosts file or launcher is refused before anything starts
-    per_host = None if placement.hosts is None else max(h.slots for h in placement.hosts.hosts)
-    spec = benchmark_spec(framework, num_ranks, sizes_bytes, kinds, iters, per_host)
+    per_host, cores = (None, None) if placement.hosts is None else most_crowded(
+        placement.hosts, place_ranks(placement.hosts, num_ranks))
+    spec = benchmark_spec(framework, num_ranks, sizes_bytes, kinds, iters, per_host, cores)
     runner = placement.runner()
     if placement.hosts is not None:
         spec["placement"] = placement.record()

@@ -11,6 +11,7 @@ A hosts file names the machines a run may use, each with its slots (ranks it tak
     user = "me"                        # optional (ssh's default)
     port = 22                          # optional
     python = "/opt/venv/bin/python"   # optional (default: python3)
+    cores = 64                         # optional: its CPU cores (default: as many as this machine has)
 
 The multi-host rig's own ``rig.json`` (``scripts/hosts_rig up``) is such a file: its hosts carry
 ``address``, ``port``, ``user`` and ``python``, its ``head_address`` is the controller's address.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import random
 import tomllib
 from collections import Counter
@@ -45,7 +47,7 @@ from workbench.launch.plan import LaunchPlan, plan_launch, thread_env
 
 #: Ports drawn for rendezvous on remote hosts: below Linux's default ephemeral range (32768-60999).
 REMOTE_PORTS = range(20000, 32000)
-_HOST_KEYS = {"address", "slots", "user", "port", "python", "name"}
+_HOST_KEYS = {"address", "slots", "user", "port", "python", "name", "cores"}
 _FILE_KEYS = {"hosts", "controller_ip", "ssh_config", "head_address"}
 #: The multi-host rig's bookkeeping in its rig.json (scripts/hosts_rig), accepted and unused there only.
 _RIG_KEYS = {"rig_id", "status", "state_dir", "subnet", "bridge", "uts", "key", "known_hosts", "ssh", "ssh_command",
@@ -66,6 +68,8 @@ class Host:
         port: sshd port.
         python: Python executable on that host that has ipyparallel and workbench installed.
         name: Label in messages (default: the address).
+        cores: Its CPU cores, which its ranks share (``None``: as many as this machine has). The launch sizes
+            each rank's thread pools and MLX's gather pieces by the most crowded host's ranks per core.
     """
 
     address: str
@@ -74,11 +78,14 @@ class Host:
     port: int = 22
     python: str = "python3"
     name: str = ""
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         check_address(self.address, "Host.address")
         where = f" (host {self.address})"
-        for key, low, high in (("slots", 1, 4096), ("port", 1, 65535)):
+        for key, low, high in (("slots", 1, 4096), ("port", 1, 65535), ("cores", 1, 1 << 16)):
+            if key == "cores" and self.cores is None:
+                continue
             value = as_whole(getattr(self, key))
             if value is None or not low <= value <= high:
                 raise ValueError(f"Host.{key}={getattr(self, key)!r}{where}: must be an integer in {low}..{high}")
@@ -211,6 +218,17 @@ def place_ranks(hosts: HostsFile, num_ranks: int) -> tuple[int, ...]:
     return tuple(placement[:num_ranks])
 
 
+def most_crowded(hosts: HostsFile, placement: Sequence[int]) -> tuple[int, int | None]:
+    """``(ranks, cores)`` of the host with the most of :func:`place_ranks`'s ranks per core (``cores`` None: this
+    machine's count); ``(1, None)`` for no ranks."""
+    counts = Counter(placement)
+    if not counts:
+        return 1, None
+    here = os.cpu_count() or 1
+    i = max(counts, key=lambda h: (counts[h] / (hosts.hosts[h].cores or here), -h))
+    return counts[i], hosts.hosts[i].cores
+
+
 def busiest_host_ranks(placement: Sequence[int]) -> int:
     """The most ranks :func:`place_ranks`'s ``placement`` puts on one host (1 for none): they share its cores."""
     return max(Counter(placement).values(), default=1)
@@ -268,9 +286,8 @@ def plan_hosts_launch(hosts, num_ranks: int | None = None, *, framework: str = "
     placement = place_ranks(hf, num_ranks) if isinstance(num_ranks, int) and num_ranks >= 1 else ()
     if ports is None and isinstance(num_ranks, int) and num_ranks >= 1:
         ports = remote_ports(num_ranks if framework == "mlx" and backend in (None, "ring") else 1, seed)
-    busiest = busiest_host_ranks(placement)
     base = plan_launch(num_ranks, framework=framework, backend=backend, host=hf.hosts[0].address, ports=ports,
-                       env={**thread_env(busiest), **(env or {})})
+                       env={**thread_env(*most_crowded(hf, placement)), **(env or {})})
     rank_env = base.rank_env
     if framework == "jax":  # gloo listens on each rank's own host (the coordinator's address exists on host 0 only)
         rank_env = tuple({**e, GLOO_HOST_ENV: hf.hosts[placement[r]].address} for r, e in enumerate(rank_env))

@@ -122,8 +122,9 @@ def thread_env(ranks_per_host: int, cores: int | None = None) -> dict[str, str]:
     (:data:`~workbench.core.envvars.RING_PIECE_ENV`, always set, so every rank of a plan gathers alike): 256 KiB
     where the ranks outnumber half the cores (each rank's socket threads poll a core while they wait, and one
     message split over two of them stalled for whole scheduler ticks), else 0 (one call); plan_launch keeps it for
-    MLX's ring ranks only. ``cores`` defaults to this machine's (a hosts file's ranks too: the busiest host's
-    count against this machine's cores). A variable already set in this process's environment is kept.
+    MLX's ring ranks only. ``cores`` defaults to this machine's (a hosts file's ranks: the most crowded host's count
+    against its ``cores``, or this machine's where the file gives none). A variable already set in this process's
+    environment is kept.
     """
     cores = cores or os.cpu_count() or 1
     share = str(max(1, cores // max(1, ranks_per_host)))
