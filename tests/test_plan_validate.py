@@ -67,6 +67,8 @@ def check_plan_validate(runs, capsys, where: list, placement: dict, tmp_path, la
     gap, noise = abs(pick["measured_step_s"] - other["measured_step_s"]), max(pick["noise_s"], other["noise_s"])
     faster = "faster" if pick["measured_step_s"] < other["measured_step_s"] else "slower"
     assert out["pick_against_runner_up"] == ("within noise" if gap <= noise else faster), (pick, other)
-    print(json.dumps({v["role"]: [v["predicted_step_s"], v["measured_step_s"], v["noise_s"]] for v in validated}),
+    print(json.dumps({v["role"]: {"step ms predicted, measured, noise": [round(1e3 * v[k], 2) for k in (
+        "predicted_step_s", "measured_step_s", "noise_s")], "peak MiB predicted, measured": [
+        round(v[k] / 2**20, 2) for k in ("predicted_peak_bytes", "measured_peak_bytes")]} for v in validated}),
           out["pick_against_runner_up"])
     return out
