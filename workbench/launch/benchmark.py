@@ -45,13 +45,14 @@ def benchmark_spec(framework: str, num_ranks: int, sizes_bytes: Sequence[int] = 
                    cores: int | None = None) -> dict:
     """The record spec of one benchmark (validated: the error names the field).
 
-    ``barrier`` (MLX): where the most crowded host's ranks (``ranks_per_host``, default ``num_ranks``) outnumber its
-    ``cores`` (default this machine's), ``"each call"``: every timed call follows a barrier, as a step's collective follows its ranks'
-    compute, each rank waiting for cores; else ``"each size"``: the calls of a size back to back after one, as a
-    step issues its buckets. Fitted on each and set against the advisor's validated runs on 2 cores: at 2 ranks,
-    back to back priced the 3-block test LM's steps within 1-8% and a barrier each call 13-25% over (it made the
-    call after it meet a 4 ms tick in 30-70% of calls, back to back 0-5%); at 4 ranks, back to back priced the
-    three benchmark models' steps at 0.35-0.52 of their measure, a barrier each call at 0.8-1.1."""
+    ``barrier`` (MLX): where the most crowded host's ranks (``ranks_per_host``, default ``num_ranks``) outnumber
+    its ``cores`` (default this machine's), ``"each call"``: every timed call follows a barrier, as a step's
+    collective follows its ranks' compute, each rank waiting for cores; else ``"each size"``: the calls of a size
+    back to back after one, as a step issues its buckets. Fitted on each and set against the advisor's validated
+    runs on 2 cores: at 2 ranks, back to back priced the 3-block test LM's steps within 1-8% and a barrier each
+    call 13-25% over (it made the call after it meet a 4 ms tick in 30-70% of calls, back to back 0-5%); at 4
+    ranks, back to back priced the three benchmark models' steps at 0.35-0.52 of their measure, a barrier each
+    call at 0.6-1.2."""
     if framework not in ("mlx", "jax"):
         raise ValueError(f"framework={framework!r}: choose 'mlx' or 'jax'.")
     if as_whole(num_ranks) is None or as_whole(num_ranks) < 2:

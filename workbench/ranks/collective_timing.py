@@ -22,6 +22,9 @@ def _bench_mlx(spec: dict) -> dict:
     n = group.size()
     rs_path = resolve_transport(group, "auto")  # the path fsdp_apply_gradients takes by default
     barrier = mx.zeros((1,))
+    # ranks start together (an all_sum of one element), once per size or before each call: the spec's barrier
+    # (workbench.launch.benchmark.benchmark_spec; a spec stored before it had one: each call)
+    each_call = spec.get("barrier", "each call") == "each call"
     out = {}
     for kind in spec["kinds"]:
         for size in spec["sizes_bytes"]:
@@ -38,9 +41,6 @@ def _bench_mlx(spec: dict) -> dict:
                 return reduce_scatter_bucket(x[:n * c].reshape(n, c), group, rs_path, None)
 
             times = []
-            # ranks start together (an all_sum of one element), once per size or before each call: the spec's
-            # barrier (workbench.launch.benchmark.benchmark_spec; a spec stored before it had one: each call)
-            each_call = spec.get("barrier", "each call") == "each call"
             for i in range(_iters_for(size, spec["iters"]) + 2):
                 if each_call or i == 0:
                     mx.eval(mx.distributed.all_sum(barrier, group=group))

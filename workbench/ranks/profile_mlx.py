@@ -59,8 +59,8 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         mx.eval(inputs, targets)
         return lambda: accumulate_microbatches(value_and_grad, model, [(inputs, targets)], None)
 
-    if ready is not None:
-        ready()
+    ready = ready or (lambda phase="ready": None)
+    ready()
     _, grads, _ = backward(sizes[0])()
     gradient_bytes = tree_nbytes(grads)
     update_s = []
@@ -73,8 +73,7 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
     activation, compute, forward, peak_array = [], [], [], 0
     for b in sizes:
         run, samples, seconds = backward(b), [], []
-        if ready is not None:
-            ready(f"size{b}")
+        ready(f"size{b}")
         # the peak of a small model's backward differs from call to call by whole buffers (a logits-sized one, or
         # none: how far MLX's graph is allocated ahead of what it frees); a run's peak, over all its steps, meets
         # the higher one, so a cheap size is sampled on to MORE_SAMPLES_S, up to MAX_SAMPLES, to meet it too
@@ -101,8 +100,7 @@ def measure_mlx(spec, sizes: list[int], repeats: int, ready=None) -> dict:
         compute.append(seconds[1:])
         inputs, targets = (mx.array(a) for a in token_batch(spec, b))
         forward.append(timed(lambda: mx.eval(loss_fn(model, inputs, targets)), repeats))
-    if ready is not None:
-        ready("step")
+    ready("step")
     step, bare, step_update = measure_trainer_step(spec, model, loss_fn, opt, sizes[0], repeats)  # not growing with b
     zero3 = measure_zero3_step(spec, sizes, repeats)  # last: it shards a model of its own
     return {"framework": "mlx", "threads": thread_count(), "cores": os.cpu_count(), "micro_batch_sizes": list(sizes),

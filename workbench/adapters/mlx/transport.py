@@ -158,12 +158,11 @@ def gather_lazy(x: mx.array, group: mx.distributed.Group, stream: Any = None) ->
     :func:`ring_reduce_scatter`), in pieces of ``x`` flattened where :func:`_pieces` says, concatenated. On 2 cores
     with 2 ring ranks, MLX's fully_shard step of the 3-block test LM (units of 1.8 MB) took 66 ms in one call a
     unit, 42-48 in pieces; its peak 25.2 and 24.9 MiB."""
-    n, flat = group.size(), x.reshape(1, -1)
-    piece = _pieces(flat.reshape(-1)) if n > 1 else 0
+    n, flat = group.size(), x.reshape(-1)
+    piece = _pieces(flat) if n > 1 else 0
     if not piece:
         return mx.distributed.all_gather(x, group=group, stream=stream)
-    parts = [mx.distributed.all_gather(flat[:, i:i + piece], group=group, stream=stream)
-             for i in range(0, flat.size, piece)]
+    parts = [got for _, got in _gathered_pieces(flat, piece, group, stream)]
     return mx.concatenate(parts, axis=1).reshape((n * x.shape[0],) + tuple(x.shape[1:]))
 
 
@@ -176,7 +175,8 @@ def _pieces(part: mx.array) -> int:
 
 def _gathered_pieces(part: mx.array, piece: int, group: mx.distributed.Group, stream: Any):
     """``(start, (N, m) rows)`` for each ``piece`` elements of the 1-D ``part`` from ``start``, all-gathered in turn
-    (lazy: the caller writes each into place and evaluates it before asking for the next)."""
+    (lazy: the eager callers write each into place and evaluate it before asking for the next; :func:`gather_lazy`
+    concatenates them all)."""
     for i in range(0, part.size, piece):
         yield i, mx.distributed.all_gather(part[i:i + piece], group=group, stream=stream).reshape(group.size(), -1)
 
