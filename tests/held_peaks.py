@@ -47,7 +47,15 @@ def assert_held(rows: list[tuple], count: int) -> None:
         print("{:11} {:9} {:10} {:4} {:12,} {:11,} {:8.3f}".format(*row[:7]), "" if row[7] is None else f"{row[7]:8.3f}")
     assert len(rows) == count, rows
     missed = [row for row in rows if abs(row[6] - 1) > PEAK_TOLERANCE]
-    beyond_plan = [row for row in missed if row[7] is not None and row[6] > 1 and abs(row[7] - 1) <= PEAK_TOLERANCE]
+    beyond_plan = [row for row in missed if beyond_the_plan(row[6], row[7])]
     assert [row for row in missed if row not in beyond_plan] == [], missed
     # the ranks of one run at most: a second run would be a pattern to model
     assert len({row[:3] for row in beyond_plan}) <= 1, beyond_plan
+
+
+def beyond_the_plan(ratio: float, plan_ratio: float | None) -> bool:
+    """Whether a missed JAX peak (``ratio``: measured / predicted) is a rank over the prediction whose compiled
+    step's plan holds (``plan_ratio``: XLA's plan / the estimate less the collective scratch, within the
+    tolerance), so the excess is memory the rank held beside the compiled step. The one miss the held-peak tests
+    let by, for the ranks of one run: the table still says it is not within, and names the term."""
+    return plan_ratio is not None and ratio > 1 and abs(plan_ratio - 1) <= PEAK_TOLERANCE

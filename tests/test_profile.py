@@ -9,7 +9,7 @@ import pytest
 from workbench.estimate.profile_fit import fit_from_dict, fit_linear
 from workbench.launch.plan import thread_env
 from workbench.launch.profile import default_micro_batch_sizes, merge_co_runners, profile_model
-from workbench.ranks.profile_probe import busy_until_peers_done, wait_for_peers
+from workbench.ranks.profile_probe import busy_until_peers_done, high_water_mark_resets, rss_above, wait_for_peers
 from workbench.runs.estimate import estimate_run_memory
 from workbench.runs.profile import (
     PROFILE_VERSION,
@@ -376,6 +376,20 @@ def test_profiling_processes_start_measuring_together_and_a_missing_peer_is_name
     (tmp_path / "step-1").write_text("step")
     wait_for_peers(tmp_path, 0, 2, "step", timeout_s=5)
     assert (tmp_path / "step-0").is_file()
+
+
+def test_what_the_ranks_do_to_meet_before_a_measured_call_is_not_counted_in_its_rise():
+    """rss_above's ``ready`` (a run's ranks meeting before the step whose peak is read) runs before the mark is
+    reset: memory it touches and keeps is not the call's, and the call's own 32 MiB are (less pages already resident)."""
+    if not high_water_mark_resets():
+        pytest.skip("this kernel does not reset VmHWM (/proc/self/clear_refs)")
+    import numpy as np
+
+    kept = []
+    above, _ = rss_above(lambda: None, ready=lambda: kept.append(np.ones(64 * 2**20 // 8)))
+    assert kept and above < 16 * 2**20, above
+    above, total = rss_above(lambda: float(np.ones(32 * 2**20 // 8).sum()), ready=kept.clear)
+    assert total == 4 * 2**20 and 30 * 2**20 <= above < 48 * 2**20, above
 
 
 def test_a_profiling_process_done_first_keeps_the_cores_busy_until_its_peers_are_done(tmp_path):

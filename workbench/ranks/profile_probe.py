@@ -140,25 +140,27 @@ def high_water_mark_resets() -> bool:
     return hwm is not None and rss is not None and hwm < rss + 16 * MiB
 
 
-def rss_above(run: Callable[[], Any]) -> tuple[int | None, Any]:
+def rss_above(run: Callable[[], Any], ready: Callable[[], Any] = lambda: None) -> tuple[int | None, Any]:
     """``(bytes, result)``: how far ``run()`` raised this process's resident high-water mark above its resident
-    memory at the start (free memory released first); ``None`` bytes where the mark cannot be reset."""
+    memory at the start (free memory released first, then ``ready()`` called: a run's ranks meet there); ``None``
+    bytes where the mark cannot be reset."""
     if not high_water_mark_resets():
         return None, run()
     release_free_memory()
+    ready()
     reset_high_water_mark()
     start = status_bytes("VmRSS")
     result = run()
     return max(0, status_bytes("VmHWM") - start), result
 
 
-def step_rss_above(run: Callable[[], Any]) -> tuple[int | None, Any]:
+def step_rss_above(run: Callable[[], Any], ready: Callable[[], Any] = lambda: None) -> tuple[int | None, Any]:
     """:func:`rss_above` with every block of a page or more mapped on its own while ``run()`` runs
     (:func:`map_large_allocations`), so a buffer that reuses pages the heap kept from an earlier step is seen;
     afterwards blocks below :data:`GLIBC_MMAP_THRESHOLD_MAX` come from the heap again, as in a warm process."""
     map_large_allocations()
     try:
-        return rss_above(run)
+        return rss_above(run, ready)
     finally:
         map_large_allocations(GLIBC_MMAP_THRESHOLD_MAX)
 

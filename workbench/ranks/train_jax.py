@@ -177,7 +177,7 @@ def train_jax(spec, handle, compile_folder: str | None = None) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from workbench.adapters.jax.accum import compiled_program_counts
-    from workbench.adapters.jax.distributed import process_mesh
+    from workbench.adapters.jax.distributed import process_mesh, ranks_barrier
     from workbench.adapters.jax.compile_cache import compile_cache_state as cache_state
     from workbench.adapters.jax.resident import ResidentStep
     from workbench.ranks.probes import (jax_device_bytes, jax_measured_memory, package_versions, peak_rss_bytes,
@@ -231,7 +231,7 @@ def train_jax(spec, handle, compile_folder: str | None = None) -> dict:
     # temporaries reused pages the heap kept (from the third step on), on one rank or both.
     held = jax_device_bytes((p, state, batch))
     gc.collect()  # the last steps' dropped arrays, freed before the mark is reset
-    above, (p, state, _) = step_rss_above(lambda: jax.block_until_ready(run(p, state, batch)))
+    above, (p, state, _) = step_rss_above(lambda: jax.block_until_ready(run(p, state, batch)), ranks_barrier(size))
     truth = None if above is None else held + above
     cache_now = cache_state()
     summary = {"rank": rank, "backend": os.environ.get("WORKBENCH_BACKEND", "gloo"),
