@@ -179,6 +179,7 @@ TEST_MARKERS: dict[str, tuple[str, ...]] = {
     "test_engine_death::test_last_words_drop_ipyparallel_chatter_and_fold_a_long_crash_stack": (),
     "test_engine_death::test_describe_exit_names_the_signal_or_the_code": (),
     "test_engine_death::test_an_engine_started_through_ssh_is_neither_waited_for_nor_read_as_a_local_one": (),
+    "test_engine_pool::test_a_sweep_checks_a_model_factory_once_for_what_the_check_depends_on": (),
     "test_engines::test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range": (NETWORK,),
     "test_factory_seed::test_a_factory_drawing_from_global_generators_builds_the_same_weights_every_call": (),
     "test_factory_seed::test_a_stalled_start_is_told_by_phase_and_a_stalled_step_stays_a_hung_collective": (),

@@ -88,3 +88,41 @@ def test_failed_runs_and_dead_engines_are_never_handed_on(tmp_path):
         again = run_training(spec(strategy="fsdp-flat"), tmp_path, pool=pool)
         assert again.status == "done", again.error
         assert (pool.starts, pool.reuses) == (3, 0)
+
+
+def test_a_sweep_checks_a_model_factory_once_for_what_the_check_depends_on(tmp_path, monkeypatch):
+    """One process, no engine: the pool keeps the driver's check of a factory's model for the runs of its sweep that
+    share the factory, framework, seed, precision, model config and import folders, and builds it again for any
+    other; a check that raised is not kept."""
+    import dataclasses
+
+    built = []
+
+    def build(s):
+        built.append(s)
+        if s.init_seed == 7:
+            raise ValueError("RunSpec.model_factory: the factory raised")
+        return ("model", s.model_factory, s.init_seed)
+
+    factory = dict(model_factory="examples.tiny_attention_lm:mlx_factory", model=dict(vocab_size=384, seq_len=128))
+    base = spec(**factory)
+    pool = EnginePool()
+    same = [base, dataclasses.replace(base, strategy="fsdp-row"), dataclasses.replace(base, steps=9, global_batch=8),
+            dataclasses.replace(base, communication_size=2**18)]
+    assert {pool.user_model(s, build) for s in same} == {("model", base.model_factory, 0)} and len(built) == 1
+    others = [dataclasses.replace(base, init_seed=1), dataclasses.replace(base, precision="bfloat16"),
+              dataclasses.replace(base, model=dict(vocab_size=512, seq_len=128)),
+              dataclasses.replace(base, framework="jax", model_factory="examples.tiny_attention_lm:jax_factory")]
+    for s in others:
+        pool.user_model(s, build)
+    assert len(built) == 5
+    monkeypatch.chdir(tmp_path)  # another working folder: another folder to import the factory from
+    pool.user_model(base, build)
+    assert len(built) == 6
+    failing = dataclasses.replace(base, init_seed=7)
+    for _ in range(2):
+        try:
+            pool.user_model(failing, build)
+        except ValueError as err:
+            assert "the factory raised" in str(err)
+    assert len(built) == 8

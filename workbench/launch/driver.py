@@ -229,9 +229,8 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
             :func:`workbench.launch.hosts.load_hosts`'s result, or a :class:`~workbench.launch.remote.Placement`):
             engines on those hosts, and every rank's result in the record names its host (``"placement"``).
         launcher: With ``hosts``: ipyparallel's ``"ssh"``, ``"mpi"`` or ``"slurm"`` launcher.
-        pool: Engines kept between runs (:class:`~workbench.launch.pool.EnginePool`; a sweep's): the run takes
-            the held engines if they are of its ranks and framework, and leaves its own there when it is done.
-            Local runs of the built-in models only: with ``hosts`` or a ``model_factory`` it is not used.
+        pool: A sweep's :class:`~workbench.launch.pool.EnginePool`: a local run of a built-in model takes the held
+            engines of its ranks and framework and leaves its own; a model factory's check is built once a sweep.
 
     Returns:
         A :class:`RunOutcome`; a failed run is recorded as failed (steps kept), not raised.
@@ -262,7 +261,8 @@ def run_training(spec: RunSpec, runs_root: Path | str, *, step_timeout_s: float 
 
     # A user's factory (in a bounded subprocess) and data, checked here, before any engine starts.
     try:
-        user_model = check_user_run(spec, build=lambda s: build_user_model(s, max(0.1, deadline - time.monotonic())))
+        build = lambda s: build_user_model(s, max(0.1, deadline - time.monotonic()))  # noqa: E731
+        user_model = check_user_run(spec, build=build if pool is None else lambda s: pool.user_model(s, build))
     except TimeoutError as err:
         raise TimeoutError(f"run_training(timeout_s={timeout_s:g}): {err}") from None
     meta = {} if user_model is None else {"model_shapes": [[p.path, list(p.shape), p.dtype] for p in user_model.params]}

@@ -22,13 +22,15 @@ pool: a rank may be wedged in a collective); engines of another rank count or fr
 environment or working folder of the driver (the engines inherited those); engines whose processes or registrations
 are gone while they waited; engines on other hosts (a hosts file's placement starts its own each run); and a user
 model factory's runs (the driver does not pass them: what a factory does to its process stays there; notebook 07's
-peak check failed once, under load, on pooled factory runs, cause not found). The pool holds one set, so idle
-engines never pile up.
+peak check failed once, under load, on pooled factory runs, cause not found); of those it keeps the driver's check
+of the factory's model instead (:meth:`EnginePool.user_model`), built once a sweep. The pool holds one set, so
+idle engines never pile up.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any, Callable
 
@@ -54,6 +56,7 @@ class EnginePool:
     def __init__(self) -> None:
         self._held: tuple[tuple, EngineRun] | None = None  # (key: what the engines were started for, engines)
         self.starts = self.reuses = 0
+        self._models: dict[tuple, Any] = {}  # a user model's check, by what it depends on (user_model)
 
     def __enter__(self) -> "EnginePool":
         return self
@@ -96,6 +99,22 @@ class EnginePool:
             return self._keep(key, engines, body)
 
         return relaunch(launch_and_run, attempts=attempts, may_retry=may_retry)
+
+    def user_model(self, spec: Any, build: Callable[[Any], Any]) -> Any:
+        """``build(spec)``, the driver's check of a user's model factory (its
+        :class:`~workbench.core.specs.ModelSpec`, built in a subprocess of its own), once per factory, framework,
+        seed, precision and model config in this pool's sweep, and from this working folder and import path:
+        what the check depends on. A sweep over strategies, sizes or steps of one model builds it once, not once a
+        run (notebook 07's sweep of 4 runs: 1 check, where there were 4). A factory's file edited during a sweep
+        is not seen by the later runs' checks (their engines import it afresh, and build the edited model).
+        A check that raised is not kept: the next run's check builds again and says why."""
+        from workbench.runs.factory import import_paths
+
+        key = (spec.model_factory, spec.framework, spec.init_seed, spec.precision,
+               json.dumps(spec.model, sort_keys=True, default=str), tuple(import_paths()))
+        if key not in self._models:
+            self._models[key] = build(spec)
+        return self._models[key]
 
     def _keep(self, key: tuple, engines: EngineRun, body: Callable[[EngineRun], Any]) -> Any:
         try:
