@@ -8,6 +8,7 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from workbench.launch.driver import run_training
 from workbench.launch.pool import EnginePool
@@ -121,8 +122,6 @@ def test_a_sweep_checks_a_model_factory_once_for_what_the_check_depends_on(tmp_p
     assert len(built) == 6
     failing = dataclasses.replace(base, init_seed=7)
     for _ in range(2):
-        try:
+        with pytest.raises(ValueError, match="the factory raised"):
             pool.user_model(failing, build)
-        except ValueError as err:
-            assert "the factory raised" in str(err)
     assert len(built) == 8

@@ -110,8 +110,8 @@ def ranks_barrier(size: int) -> Callable[[], None]:
     so that calling it adds nothing to a measured peak. The ranks meet before the step whose peak is read, and
     start it together as the timed steps do (each follows the last one's collectives). Without it, a rank whose
     heap took less long to release started ahead of its peer, and ZeRO-3's rank 1 on the validation LM held more
-    beside the compiled step (gloo's): 1.17-1.39 of XLA's plan in 6 of 11 runs; with it, 1.14-1.17 in 16 runs, 1.28
-    in one more."""
+    beside the compiled step (gloo's): 1.14-1.32 of XLA's plan over 11 runs alone (1.39 once in CI), where rank 0
+    read 1.14; with it, 1.14-1.17 in 16 runs alone, and 1.21-1.29 in three runs of the test suites."""
     from jax.experimental import multihost_utils
 
     if size == 1:
